@@ -1,0 +1,190 @@
+"""Owners for borrowed global state: monkey-patches, environment variables, hooks, callbacks.
+
+Every change singlecard_nb makes to torch, IPython or the process environment goes through a
+`Borrowed` owner, which knows how to undo it. Owners are registered globally so that
+`%unload_ext singlecard_nb` (`restore_all`) can give everything back, and `%singlecard status`
+can say what is active. Patches nest: when two owners patch the same attribute and the lower one
+is restored first, the upper one is rewired to restore the original, not the lower one's value.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+_MISSING = object()  # sentinel: the attribute or variable did not exist before the change
+
+_lock = threading.RLock()
+# (kind, id(target), name) -> stack of live _Change entries on that slot, lowest first
+_stacks: dict[tuple[str, int, str], list[_Change]] = {}
+# Owners holding at least one change, strongly referenced so nothing borrowed is ever orphaned.
+_owners: dict[int, Borrowed] = {}
+_next_owner_id = 0
+
+
+class _Change:
+    """One saved slot: what was there before, and how to put a value back."""
+
+    __slots__ = ("key", "old", "put", "label")
+
+    def __init__(self, key, old, put: Callable[[Any], None], label: str):
+        self.key = key
+        self.old = old
+        self.put = put  # put(value_or_MISSING) writes the slot
+        self.label = label
+
+
+def _read_slot(obj: Any, name: str) -> Any:
+    # Read from the object's own namespace so that restoring puts back exactly what the object
+    # itself held (a class attribute inherited from a base must be deleted again, not copied).
+    namespace = getattr(obj, "__dict__", None)
+    if namespace is not None and not isinstance(obj, type):
+        return namespace.get(name, _MISSING)
+    if isinstance(obj, type):
+        return obj.__dict__.get(name, _MISSING)
+    return getattr(obj, name, _MISSING)
+
+
+def _attr_writer(obj: Any, name: str) -> Callable[[Any], None]:
+    def put(value: Any) -> None:
+        if value is _MISSING:
+            if _read_slot(obj, name) is not _MISSING:
+                delattr(obj, name)
+        else:
+            setattr(obj, name, value)
+
+    return put
+
+
+def _env_writer(environ: MutableMapping[str, str], name: str) -> Callable[[Any], None]:
+    def put(value: Any) -> None:
+        if value is _MISSING:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+
+    return put
+
+
+class Borrowed:
+    """Owner of a group of changes to global state, undone together in reverse order.
+
+    Use as a context manager or call `restore()`; restoring twice is harmless.
+    `name` says who owns the changes (shown by `%singlecard status`).
+    """
+
+    def __init__(self, name: str):
+        global _next_owner_id
+        self.name = name
+        self._undo: list[tuple[str, Callable[[], None]]] = []
+        with _lock:
+            self._id = _next_owner_id
+            _next_owner_id += 1
+
+    # --- making changes -------------------------------------------------------------------
+    def set_attr(self, obj: Any, name: str, value: Any, label: str | None = None) -> None:
+        """Patch `obj.name = value`, remembering the exact previous value (or its absence)."""
+        label = label or f"{getattr(obj, '__name__', type(obj).__name__)}.{name}"
+        self._push(("attr", id(obj), name), _read_slot(obj, name), _attr_writer(obj, name), value, label)
+
+    def set_env(
+        self,
+        name: str,
+        value: str | None,
+        environ: MutableMapping[str, str] | None = None,
+    ) -> None:
+        """Set (or, with None, unset) an environment variable, remembering the previous value."""
+        environ = os.environ if environ is None else environ
+        writer = _env_writer(environ, name)
+        self._push(("env", id(environ), name), environ.get(name, _MISSING), writer,
+                   _MISSING if value is None else value, f"${name}")
+
+    def add_handle(self, handle: Any, label: str) -> Any:
+        """Own a removable handle (anything with `.remove()`); returns it."""
+        self.on_restore(handle.remove, label)
+        return handle
+
+    def on_restore(self, undo: Callable[[], None], label: str) -> None:
+        """Run `undo()` when this owner is restored (after later changes are undone)."""
+        with _lock:
+            self._undo.append((label, undo))
+            _owners[self._id] = self
+
+    # --- giving back ----------------------------------------------------------------------
+    def restore(self) -> None:
+        """Undo every change in reverse order. Errors are raised after all undos have run."""
+        with _lock:
+            undo, self._undo = self._undo, []
+            _owners.pop(self._id, None)
+        first_error: Exception | None = None
+        for label, fn in reversed(undo):
+            try:
+                fn()
+            except Exception as e:  # keep undoing the rest; report the first failure
+                if first_error is None:
+                    first_error = RuntimeError(f"singlecard_nb: could not restore {label}: {e}")
+                    first_error.__cause__ = e
+        if first_error is not None:
+            raise first_error
+
+    @property
+    def active(self) -> bool:
+        return bool(self._undo)
+
+    def describe(self) -> list[str]:
+        """Labels of the changes currently held, oldest first."""
+        return [label for label, _ in self._undo]
+
+    def __enter__(self) -> Borrowed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        return f"<Borrowed {self.name!r}: {len(self._undo)} change(s)>"
+
+    # --- internals ------------------------------------------------------------------------
+    def _push(self, key, current_old: Any, put: Callable[[Any], None], value: Any, label: str) -> None:
+        with _lock:
+            change = _Change(key, current_old, put, label)
+            put(value)
+            _stacks.setdefault(key, []).append(change)
+            self._undo.append((label, lambda: _pop(change)))
+            _owners[self._id] = self
+
+
+def _pop(change: _Change) -> None:
+    with _lock:
+        stack = _stacks.get(change.key, [])
+        if change not in stack:
+            return
+        position = stack.index(change)
+        if position == len(stack) - 1:
+            change.put(change.old)
+        else:
+            # A later change sits on top of ours: it must now restore what we saved.
+            stack[position + 1].old = change.old
+        stack.pop(position)
+        if not stack:
+            del _stacks[change.key]
+
+
+def active_owners() -> list[Borrowed]:
+    """Owners that currently hold at least one change, in creation order."""
+    with _lock:
+        return [owner for _, owner in sorted(_owners.items()) if owner.active]
+
+
+def restore_all() -> None:
+    """Restore every owner, newest first (used when the extension is unloaded)."""
+    first_error: Exception | None = None
+    for owner in reversed(active_owners()):
+        try:
+            owner.restore()
+        except Exception as e:
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error

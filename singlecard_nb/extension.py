@@ -1,0 +1,51 @@
+"""IPython extension lifecycle: what `%load_ext` registers and `%unload_ext` gives back."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import borrow
+
+# shell -> the Magics instances registered on it, so unload removes exactly those
+_registered: dict[int, list[Any]] = {}
+
+
+def load(shell: Any) -> None:
+    """Register the magics; pin at kernel start when SINGLECARD_NB_DEVICE is set."""
+    from .inspect_magics import InspectMagics
+    from .magics import SingleCardMagics
+
+    if id(shell) in _registered:
+        return
+    instances = [SingleCardMagics(shell), InspectMagics(shell)]
+    for instance in instances:
+        shell.register_magics(instance)
+    _registered[id(shell)] = instances
+
+    target = os.environ.get("SINGLECARD_NB_DEVICE", "").strip()
+    if target:
+        from .magics import pin_at_load
+
+        pin_at_load(shell, target)
+
+
+def unload(shell: Any) -> None:
+    """Restore torch, the environment and the shell, then remove our magics."""
+    try:
+        borrow.restore_all()
+    finally:
+        for instance in _registered.pop(id(shell), []):
+            _unregister_magics(shell, instance)
+
+
+def _unregister_magics(shell: Any, instance: Any) -> None:
+    manager = shell.magics_manager
+    for kind, names in instance.magics.items():
+        table = manager.magics[kind]
+        for name in names:
+            bound = table.get(name)
+            if getattr(bound, "__self__", None) is instance:
+                del table[name]
+    if manager.registry.get(type(instance).__name__) is instance:
+        del manager.registry[type(instance).__name__]
