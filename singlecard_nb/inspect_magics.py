@@ -1,10 +1,178 @@
-"""`%inspect` / `%%inspect`: placeholder until the inspection engine lands (owner: lead)."""
+"""`%inspect` and `%%inspect`: the notebook face of `singlecard_nb.inspect` (parse, call, show)."""
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, magics_class
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from .borrow import Borrowed
+
+_ACTIONS = ("off", "show")
+
+
+def _options(func):
+    for decorator in reversed([
+        argument("--every", type=int, default=1, metavar="N",
+                 help="Record steps 0, N, 2N... (a step is one call of the model)."),
+        argument("--include", action="append", metavar="GLOB",
+                 help="Only modules whose path or class matches (repeatable, or comma-separated)."),
+        argument("--exclude", action="append", metavar="GLOB",
+                 help="Skip modules whose path or class matches (repeatable)."),
+        argument("--grads", action="store_true",
+                 help="Also record output gradients and parameter gradients."),
+        argument("--trap", action="store_true",
+                 help="Raise NonFiniteError at the first NaN/Inf output or gradient."),
+        argument("--live", action="store_true",
+                 help="Show a view that updates in place while training runs."),
+        argument("--max-rows", type=int, default=None, metavar="N",
+                 help="Keep at most N rows (ring buffer)."),
+    ]):
+        func = decorator(func)
+    return func
 
 
 @magics_class
 class InspectMagics(Magics):
-    pass
+    """Inspectors started by `%inspect`, by the name the user gave the model."""
+
+    def __init__(self, shell: Any):
+        super().__init__(shell)
+        self.inspectors: dict[str, Any] = {}
+        self._events: Borrowed | None = None
+        self._flush_callback = self._flush_all  # one bound object: unregister needs the same
+
+    @magic_arguments()
+    @argument("what", metavar="MODEL | off | show",
+              help="A variable holding an nn.Module to inspect across cells; `off` stops, "
+                   "`show` displays.")
+    @argument("name", nargs="?", metavar="MODEL",
+              help="With off/show: which model (default: all).")
+    @_options
+    @line_magic
+    def inspect(self, line: str) -> None:
+        """Inspect a model's modules across cells: shapes and statistics of every tensor.
+
+        %inspect model --every 10 --grads    start (or restart with new options)
+        %inspect show [model]                display what was recorded
+        %inspect off [model]                 stop and remove every hook
+        """
+        args = parse_argstring(self.inspect, line)
+        if args.what in _ACTIONS:
+            names = self._known(args.name)
+            for name in names:
+                insp = self.inspectors[name]
+                if args.what == "off":
+                    insp.stop()
+                    del self.inspectors[name]
+                else:
+                    insp.flush()
+                    display(insp.summary())
+            if args.what == "off" and not self.inspectors:
+                self._stop_flushing()
+            return
+        if args.name is not None:
+            raise UsageError(f"%inspect takes one model, got {args.what!r} and {args.name!r}; "
+                             "use `%inspect off NAME` or `%inspect show NAME`.")
+        model = self._model(args.what)
+        insp = self._make(model, args)  # may raise UsageError: nothing changes before this
+        previous = self.inspectors.pop(args.what, None)
+        if previous is not None:
+            previous.stop()
+        self.inspectors[args.what] = insp.start()
+        self._start_flushing()
+        if args.live:
+            insp.live()
+
+    @magic_arguments()
+    @argument("what", metavar="MODEL", help="A variable holding an nn.Module.")
+    @_options
+    @cell_magic("inspect")
+    def inspect_cell(self, line: str, cell: str) -> None:
+        """Inspect a model during this cell only, then display the summary.
+
+        %%inspect model --grads
+        loss = model(x).sum(); loss.backward()
+        """
+        args = parse_argstring(self.inspect_cell, line)
+        insp = self._make(self._model(args.what), args)
+        insp.start()
+        try:
+            if args.live:
+                insp.live()
+            self.shell.run_cell(cell, store_history=False)
+        finally:
+            insp.stop()  # also after an error or Ctrl-C inside the cell
+        display(insp.summary())
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _model(self, name: str):
+        import torch
+
+        head, *attributes = name.split(".")
+        if not head.isidentifier() or head not in self.shell.user_ns:
+            raise UsageError(f"%inspect: no variable named {head!r} in this notebook; give the "
+                             "name of an nn.Module, e.g. `%inspect model`.")
+        value = self.shell.user_ns[head]
+        for attribute in attributes:
+            if not hasattr(value, attribute):
+                raise UsageError(f"%inspect: {name!r} has no attribute {attribute!r}.")
+            value = getattr(value, attribute)
+        if not isinstance(value, torch.nn.Module):
+            raise UsageError(f"%inspect: {name!r} is a {type(value).__name__}, not a "
+                             "torch.nn.Module.")
+        return value
+
+    def _make(self, model, args):
+        from .inspection import Inspector
+
+        if args.every < 1:
+            raise UsageError(f"%inspect: --every must be a positive integer, got {args.every}.")
+        if args.max_rows is not None and args.max_rows < 1:
+            raise UsageError(f"%inspect: --max-rows must be a positive integer, got "
+                             f"{args.max_rows}.")
+        return Inspector(model, include=_joined(args.include), exclude=_joined(args.exclude),
+                         every=args.every, grads=args.grads, trap=args.trap,
+                         max_rows=args.max_rows)
+
+    def _known(self, name: str | None) -> list[str]:
+        if name is None:
+            return list(self.inspectors)
+        if name not in self.inspectors:
+            known = ", ".join(self.inspectors) or "none"
+            raise UsageError(f"%inspect: {name!r} is not being inspected (inspected: {known}).")
+        return [name]
+
+    def _flush_all(self, *_: Any) -> None:
+        # A training cell ends mid-step: show its last step without waiting for the next one.
+        for insp in self.inspectors.values():
+            insp.flush()
+
+    def _start_flushing(self) -> None:
+        if self._events is None:
+            owner = Borrowed("%inspect: statistics at the end of each cell")
+            self.shell.events.register("post_run_cell", self._flush_callback)
+            owner.on_restore(lambda: self.shell.events.unregister("post_run_cell",
+                                                                  self._flush_callback),
+                             "post_run_cell callback")
+            owner.on_restore(self._forget, "inspectors started by %inspect")
+            self._events = owner
+
+    def _stop_flushing(self) -> None:
+        owner, self._events = self._events, None
+        if owner is not None:
+            owner.restore()
+
+    def _forget(self) -> None:
+        # Runs on unload (borrow.restore_all): the inspectors' own owners remove their hooks.
+        self.inspectors.clear()
+        self._events = None
+
+
+def _joined(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [part for value in values for part in value.split(",") if part.strip()]
