@@ -20,6 +20,8 @@ _EXPORTS = {
     "release": "pinning",
     "device": "pinning",
     "status": "pinning",
+    "current": "pinning",
+    "TargetError": "pinning",
     "Status": "report",
     "single_card": "parallel",
     "unwrap": "parallel",

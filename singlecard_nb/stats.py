@@ -5,13 +5,14 @@ reduction costs (measured on a 2-core CPU, see benchmarks/): `sum`, `aminmax` an
 `linalg.vector_norm` are one cheap pass each, while `std_mean`, `count_nonzero` and
 `isnan().sum()` are many times slower. So, for a large tensor:
 
-    min, max   torch.aminmax; it propagates NaN/Inf, so it also says whether counts are needed
+    min, max   amin and amax (on the CPU faster than aminmax); they propagate NaN/Inf, so they
+               also say whether NaN/Inf counts are needed
     mean       sum / n, accumulated in float32 on a CPU and in float64 on a GPU
     std        from the sum of squares in one pass (unbiased, like torch.std). On a CPU, with
                float32 sums, its relative error grows like 1e-7 * (mean/std)**2: labelled as a
                one-pass value; `exact_std=True` switches to torch.var_mean (two-pass, slower).
-    zeros      fraction of exact zeros, from sign().abs().sum(), which counts non-zeros faster
-               than a bool sum
+    zeros      fraction of exact zeros: none when 0 lies outside [min, max], else counted as
+               dot(sign(x), sign(x)), several times faster than a bool sum on the CPU
     nan, inf   counted only when min or max is non-finite on a CPU (reading a CPU value costs
                nothing); on a GPU, where reading would synchronise, always counted on device.
 
@@ -148,12 +149,14 @@ class StepStats:
 
     # --- reductions -----------------------------------------------------------------------
     def _reduce_cpu(self, v: torch.Tensor, n: int) -> tuple:
-        lo_t, hi_t = torch.aminmax(v)
-        lo, hi = lo_t.item(), hi_t.item()
+        lo, hi = v.amin().item(), v.amax().item()  # ~1.6x faster than aminmax on the CPU
         if math.isfinite(lo) and math.isfinite(hi):
             nan = inf = 0
-            if n < _EXACT_FLOAT_COUNT:
-                nonzero = v.sign().abs_().sum().item()
+            if lo > 0 or hi < 0:
+                nonzero = n  # zero lies outside [min, max]: no pass needed
+            elif n < _EXACT_FLOAT_COUNT and v.is_contiguous():
+                signs = v.view(-1).sign()
+                nonzero = torch.dot(signs, signs).item()  # counts non-zeros, BLAS-fast
             else:
                 nonzero = torch.count_nonzero(v).item()
         else:

@@ -1,0 +1,150 @@
+"""`%singlecard`: pin the kernel to one GPU, show status, list GPUs, and switch the helpers.
+
+Only parses, calls the core (`pinning`, `devices`, `parallel`, `watch`, `widgets`) and renders.
+Core errors (`ValueError`, e.g. `pinning.TargetError`) become `UsageError`: a red one-line
+message naming the bad value and what is accepted, no traceback, nothing changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from . import devices, pinning
+from . import driver as driver_probe
+
+_SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card")
+_ACCEPTED = ("a TARGET (a GPU index as nvidia-smi numbers them, a GPU or MIG UUID or unique "
+             "prefix, 'auto' or 'cpu') or one of: " + ", ".join(_SUBCOMMANDS))
+
+
+def _on_off(word: str | None, what: str, default: bool | None = None) -> bool:
+    if word is None and default is not None:
+        return default
+    if word is not None and word.lower() in ("on", "off"):
+        return word.lower() == "on"
+    raise UsageError(f"%singlecard {what}: expected 'on' or 'off', got {word!r}")
+
+
+@magics_class
+class SingleCardMagics(Magics):
+    """The `%singlecard` line magic (registered by `%load_ext singlecard_nb`)."""
+
+    @magic_arguments()
+    @argument(
+        "words", nargs="*", metavar="TARGET",
+        help="GPU index (nvidia-smi numbering), GPU or MIG UUID or unique prefix, 'auto' (idle "
+             "GPU with the most free memory) or 'cpu' (hide all GPUs); or a command: 'off' "
+             "(unpin), 'status', 'list' (GPU table), 'picker' (device picker), 'watch [on|off]' "
+             "(per-cell memory), 'single-card on|off' (DataParallel/DDP run on the pinned "
+             "device). No argument: status.",
+    )
+    @argument("--default-device", action="store_true",
+              help="also make the pinned device torch's default device (restored by 'off')")
+    @argument("--no-single-card", action="store_true",
+              help="pin without single-card mode (DataParallel/DDP keep their own behaviour)")
+    @line_magic
+    def singlecard(self, line: str = "") -> None:
+        """Pin this kernel to one GPU (or the CPU) and show what singlecard_nb is doing.
+
+        Pin before any CUDA code runs: then CUDA_VISIBLE_DEVICES hides every other GPU and the
+        chosen one is cuda:0 (a hard pin). Once CUDA has started it is too late for that, and
+        the pin is soft: the device becomes torch's current device, the others stay visible.
+
+        Examples: %singlecard 1 | %singlecard GPU-2f6d | %singlecard auto --default-device |
+        %singlecard status | %singlecard off
+        """
+        args = parse_argstring(self.singlecard, line)
+        words = list(args.words)
+        options = args.default_device or args.no_single_card
+        if not words:
+            words = ["status"]
+        command = words[0].lower()
+        if command in _SUBCOMMANDS and options:
+            raise UsageError(f"%singlecard {command}: --default-device and --no-single-card go "
+                             "with a TARGET only")
+        if command in ("off", "status", "list", "picker") and len(words) > 1:
+            raise UsageError(f"%singlecard {command} takes no argument, got {' '.join(words[1:])!r}")
+        if command == "off":
+            self._off()
+        elif command == "status":
+            display(pinning.status())
+        elif command == "list":
+            display(devices.read_machine())
+        elif command == "picker":
+            from .widgets import picker
+
+            display(picker())
+        elif command == "watch":
+            self._watch(words[1:])
+        elif command == "single-card":
+            self._single_card(words[1:])
+        else:
+            self._pin(words, default_device=args.default_device,
+                      single_card=not args.no_single_card)
+
+    # --- commands ---------------------------------------------------------------------------
+    def _pin(self, words: list[str], *, default_device: bool, single_card: bool) -> None:
+        if len(words) > 1:
+            raise UsageError(f"%singlecard: {' '.join(words)!r} names more than one device; "
+                             f"give one TARGET. Accepted: {_ACCEPTED}")
+        try:
+            state = pinning.pin(words[0], set_default=default_device, single_card=single_card)
+        except ValueError as e:
+            raise UsageError(f"%singlecard {words[0]}: {e}") from None
+        print(state.summary())
+
+    def _off(self) -> None:
+        state = pinning.current()
+        pinning.release()
+        if state is None:
+            print("Nothing was pinned.")
+            return
+        message = "Unpinned: CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are as they were before."
+        if state.hard and state.mode == "hard" and driver_probe.driver_state().started:
+            message += (" CUDA started while pinned, so this process keeps seeing only "
+                        f"{state.describe_device()} until the kernel restarts.")
+        print(message)
+
+    def _watch(self, rest: list[str]) -> None:
+        if len(rest) > 1:
+            raise UsageError(f"%singlecard watch: expected 'on' or 'off', got {' '.join(rest)!r}")
+        on = _on_off(rest[0] if rest else None, "watch", default=True)
+        from . import watch
+
+        if on:
+            watch.start(self.shell)
+        else:
+            watch.stop(self.shell)
+
+    def _single_card(self, rest: list[str]) -> None:
+        if len(rest) != 1:
+            raise UsageError(f"%singlecard single-card: expected 'on' or 'off', got {' '.join(rest)!r}")
+        on = _on_off(rest[0], "single-card")
+        from . import parallel
+
+        try:
+            enabled = parallel.single_card(on)
+        except ValueError as e:
+            raise UsageError(f"%singlecard single-card {rest[0]}: {e}") from None
+        print(f"Single-card mode is {'on' if enabled else 'off'}.")
+
+
+def pin_at_load(shell: Any, target: str) -> None:
+    """Pin to SINGLECARD_NB_DEVICE while the extension loads; a bad value is reported, not raised.
+
+    `%load_ext` runs in kernel start-up (profiles, kernel.json), where an exception would leave
+    the extension half-loaded and hide the message, so errors are printed and loading goes on.
+    """
+    try:
+        state = pinning.pin(target)
+    except ValueError as e:
+        print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned: {e}. The "
+              "extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)
+        return
+    print(f"singlecard_nb (SINGLECARD_NB_DEVICE={target}): {state.summary()}")

@@ -1,0 +1,463 @@
+"""Pin this process to one GPU: `pin()`, `release()`, `current()`, `device()`, `status()`.
+
+A *hard* pin sets CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES=<UUID> before the CUDA
+driver starts, so the process sees exactly one GPU, `cuda:0`. Once the driver has started that
+variable is ignored ("too late"); then the pin is *soft*: the matching torch device becomes the
+current one, and the other GPUs stay visible. Every change goes through `borrow.Borrowed` owners
+so `release()` (and `%unload_ext`) put back exactly what was there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import borrow, devices
+from . import driver as driver_probe
+from .devices import GpuInfo, Machine, MigInfo
+from .driver import DriverState
+
+if TYPE_CHECKING:
+    import torch
+
+    from .report import Status
+
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+_GIB = 1024**3
+
+
+class TargetError(ValueError):
+    """A pin target that names no device (or more than one); nothing was changed."""
+
+
+@dataclass
+class PinState:
+    mode: str  # "hard" | "soft" | "cpu"
+    target: str  # what the user asked for
+    gpu: GpuInfo | None
+    mig: MigInfo | None
+    torch_device: torch.device  # cuda:0 (hard), cuda:N (soft), cpu
+    reason: str  # human explanation (why auto chose it, why soft, ...)
+    hard: bool = False  # True only when the other GPUs really are hidden from this process
+    env_before: dict[str, str | None] = field(default_factory=dict)
+    env_after: dict[str, str | None] = field(default_factory=dict)
+    default_device: bool = False
+    single_card: bool = True
+    driver: DriverState | None = None
+
+    @property
+    def uuid(self) -> str | None:
+        """The UUID given to CUDA_VISIBLE_DEVICES (the MIG device's for a MIG pin)."""
+        if self.mig is not None:
+            return self.mig.uuid
+        return None if self.gpu is None else self.gpu.uuid
+
+    def describe_device(self) -> str:
+        if self.gpu is None:
+            return "CPU"
+        text = f"GPU {self.gpu.index} ({self.gpu.name}, {self.gpu.uuid})"
+        if self.mig is not None:
+            text += f", MIG device {self.mig.index} ({self.mig.name}, {self.mig.uuid})"
+        return text
+
+    def summary(self) -> str:
+        """One paragraph for the user: what was pinned, how, and what to use."""
+        head = {"hard": "Pinned (hard)", "soft": "Pinned (SOFT)", "cpu": "Pinned to CPU"}[self.mode]
+        return f"{head}: {self.describe_device()} -> use {self.torch_device}. {self.reason}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A resolved target: the GPU (None for cpu), the MIG device if any, and why."""
+
+    gpu: GpuInfo | None  # None: cpu
+    mig: MigInfo | None
+    note: str  # why this device (auto), or remarks about it
+
+    @property
+    def uuid(self) -> str | None:
+        if self.mig is not None:
+            return self.mig.uuid
+        return None if self.gpu is None else self.gpu.uuid
+
+
+# --- module state -------------------------------------------------------------------------
+_state: PinState | None = None
+_env_owner: borrow.Borrowed | None = None  # CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER
+_torch_owner: borrow.Borrowed | None = None  # default device, current device
+_environ: MutableMapping[str, str] | None = None  # the mapping the pin changed
+
+
+# --- parsing and resolving targets ------------------------------------------------------------
+
+def _accepted(machine: Machine) -> str:
+    if not machine.gpus:
+        return "'cpu' (this machine has no GPU)"
+    indices = ", ".join(str(g.index) for g in machine.gpus)
+    return (f"a GPU index as nvidia-smi numbers them ({indices}), a GPU or MIG UUID or a unique "
+            "prefix of one (e.g. 'GPU-2f6d' or '2f6d'), 'auto' (the idle GPU with the most free "
+            "memory) or 'cpu' (hide all GPUs)")
+
+
+def _normalise(target: Any) -> str:
+    # bool is an int subclass; `pin(True)` is a mistake, not GPU 1.
+    if isinstance(target, bool) or not isinstance(target, (int, str)):
+        raise TargetError(f"{target!r} is not a pin target: give one device as an int or a string")
+    if isinstance(target, int):
+        if target < 0:
+            raise TargetError(f"{target!r} is not a GPU index: indices start at 0")
+        return str(target)
+    text = target.strip()
+    if not text:
+        raise TargetError("an empty string is not a pin target")
+    if re.search(r"[\s,;]", text):
+        raise TargetError(f"{text!r} names more than one device; pin exactly one")
+    return text
+
+
+def _with_mig(gpu: GpuInfo, how: str) -> Choice:
+    """A GPU in MIG mode cannot run CUDA work itself: use its MIG device with the most room."""
+    if not gpu.mig:
+        return Choice(gpu, None, how)
+    mig = max(gpu.mig, key=lambda m: (m.memory_free, -m.index))
+    note = (f"GPU {gpu.index} is in MIG mode, where CUDA can only use its MIG devices, so the "
+            f"pin uses MIG device {mig.index} ({mig.name}, {mig.uuid}, the most free memory); "
+            "pin a MIG UUID to choose another.")
+    return Choice(gpu, mig, f"{how} {note}".strip())
+
+
+def _busy_text(gpu: GpuInfo) -> str:
+    procs = ", ".join(
+        " ".join(str(x) for x in (f"pid {p.pid}", p.user, p.name) if x) for p in gpu.other_processes()
+    )
+    return f"busy with {procs}"
+
+
+def _auto(machine: Machine) -> Choice:
+    # Respect an existing CUDA_VISIBLE_DEVICES (a scheduler's allocation) where it leaves any GPU.
+    visible = [g for g in machine.gpus if g.cuda_ordinal is not None] or list(machine.gpus)
+    skipped = [f"GPU {g.index}: hidden by CUDA_VISIBLE_DEVICES" for g in machine.gpus
+               if g not in visible]
+    idle = []
+    for gpu in visible:
+        if gpu.other_processes():
+            skipped.append(f"GPU {gpu.index}: {_busy_text(gpu)}")
+        elif gpu.mig_enabled:
+            skipped.append(f"GPU {gpu.index}: in MIG mode")
+        else:
+            idle.append(gpu)
+    idle_mig = [g for g in visible if g.mig_enabled and not g.other_processes()]
+
+    def free(g: GpuInfo) -> tuple[int, int]:
+        return (g.memory_free, -g.index)
+
+    if idle:
+        gpu = max(idle, key=free)
+        why = f"the most free memory ({gpu.memory_free / _GIB:.1f} GiB) among idle GPUs"
+    elif idle_mig:
+        gpu = max(idle_mig, key=lambda g: max(m.memory_free for m in g.mig))
+        why = "no whole GPU is idle; its MIG devices are"
+    else:
+        gpu = max(visible, key=free)
+        why = ("every GPU is busy with other processes; this one has the most free memory "
+               f"({gpu.memory_free / _GIB:.1f} GiB)")
+    skipped_text = f"; skipped {'; '.join(skipped)}" if skipped else ""
+    return _with_mig(gpu, f"auto chose GPU {gpu.index} ({gpu.name}): {why}{skipped_text}.")
+
+
+def auto_choice(machine: Machine | None = None) -> Choice:
+    """The device `pin("auto")` would choose now, and why (the picker shows it before pinning)."""
+    base_env = _base_environ(_environ if _environ is not None else os.environ)
+    machine = devices.read_machine(base_env) if machine is None else machine.with_ordinals(base_env)
+    if not machine.gpus:
+        raise TargetError(f"'auto' asks for a GPU, but this machine has none ({machine.reason})")
+    return _auto(machine)
+
+
+def _by_uuid(text: str, machine: Machine, accepted: str) -> Choice:
+    wanted = text.lower()
+    matches: list[tuple[GpuInfo, MigInfo | None]] = []
+    for gpu in machine.gpus:
+        for mig in (None, *gpu.mig):
+            uuid = (gpu.uuid if mig is None else mig.uuid).lower()
+            bare = re.sub(r"^(gpu|mig)-", "", uuid)
+            if uuid.startswith(wanted) or bare.startswith(wanted):
+                matches.append((gpu, mig))
+    if not matches:
+        raise TargetError(f"no GPU or MIG device has a UUID starting with {text!r}; "
+                          f"accepted: {accepted}")
+    if len(matches) > 1:
+        names = ", ".join(
+            f"GPU {g.index} {g.uuid}" if m is None else f"MIG {g.index}/{m.index} {m.uuid}"
+            for g, m in matches
+        )
+        raise TargetError(f"UUID prefix {text!r} is ambiguous: it matches {names}; "
+                          "give more characters")
+    gpu, mig = matches[0]
+    return _with_mig(gpu, "") if mig is None else Choice(gpu, mig, "")
+
+
+def _resolve(text: str, machine: Machine) -> Choice:
+    accepted = _accepted(machine)
+    word = text.lower()
+    if word == "cpu":
+        return Choice(None, None, "")
+    if not machine.gpus:
+        raise TargetError(f"{text!r} asks for a GPU, but this machine has none "
+                          f"({machine.reason}); accepted here: 'cpu'")
+    if word == "auto":
+        return _auto(machine)
+    if text.isdigit():
+        gpu = machine.by_index(int(text))
+        if gpu is None:
+            raise TargetError(f"there is no GPU with index {text}; accepted: {accepted}")
+        return _with_mig(gpu, "")
+    if re.fullmatch(r"(?i)((gpu|mig)-)*[0-9a-f][0-9a-f/-]*|(gpu|mig)-", text):
+        return _by_uuid(text, machine, accepted)
+    raise TargetError(f"{text!r} is not a pin target; accepted: {accepted}")
+
+
+# --- the torch side (only ever reached once the driver has started, or for cpu) ---------------
+
+def _normal_uuid(uuid: str) -> str:
+    return re.sub(r"^(gpu|mig)-", "", str(uuid).strip().lower())
+
+
+def _torch_ordinal_for_uuid(uuid: str) -> int | None:
+    """The torch ordinal of the device with this UUID. Only call after the driver started."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        raise TargetError(f"this torch ({torch.__version__}) is built without CUDA, so it cannot "
+                          f"use {uuid}; install a CUDA build of torch")
+    for ordinal in range(torch.cuda.device_count()):
+        if _normal_uuid(str(torch.cuda.get_device_properties(ordinal).uuid)) == _normal_uuid(uuid):
+            return ordinal
+    return None
+
+
+def _select_current_device(ordinal: int, owner: borrow.Borrowed) -> None:
+    """Make `cuda:ordinal` torch's current device, restoring the previous one on release."""
+    import torch
+
+    previous = torch.cuda.current_device()
+    torch.cuda.set_device(ordinal)
+    owner.on_restore(lambda: torch.cuda.set_device(previous), "torch.cuda current device")
+
+
+def _set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
+    import torch
+
+    # The public getter resolves an index-less device by allocating a tensor, which could start
+    # CUDA, so read the global context torch.set_default_device itself keeps.
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    previous = None if context is None else context.device
+    torch.set_default_device(device)
+    owner.on_restore(lambda: torch.set_default_device(previous), "torch default device")
+
+
+def _no_cuda_torch_note() -> str:
+    import torch
+
+    if torch.backends.cuda.is_built():
+        return ""
+    return (f" Note: this torch ({torch.__version__}) is built without CUDA, so torch itself "
+            "cannot use the GPU; install a CUDA build of torch.")
+
+
+# --- pin / release --------------------------------------------------------------------------
+
+def _env_values(environ: MutableMapping[str, str]) -> dict[str, str | None]:
+    return {name: environ.get(name) for name in ENV_VARS}
+
+
+def _base_environ(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """`environ` as it was before our current pin (what a re-pin resolves against)."""
+    base = dict(environ)
+    if _state is not None and environ is _environ:
+        for name, value in _state.env_before.items():
+            if value is None:
+                base.pop(name, None)
+            else:
+                base[name] = value
+    return base
+
+
+def _too_late(how: str) -> str:
+    return (f"The CUDA driver had already started in this process ({how}), so "
+            "CUDA_VISIBLE_DEVICES can no longer take effect.")
+
+
+def _restart_hint(target: str) -> str:
+    return (f"For a hard pin, restart the kernel and run `%singlecard {target}` before any CUDA "
+            f"code, or start the kernel with SINGLECARD_NB_DEVICE={target}.")
+
+
+def _clear_state_of(owner: borrow.Borrowed) -> None:
+    """Forget the pin when its owner is given back by `borrow.restore_all()` (unload)."""
+    global _state, _env_owner, _torch_owner, _environ
+    if _torch_owner is owner:
+        _state = _env_owner = _torch_owner = _environ = None
+
+
+def pin(
+    target: str | int,
+    *,
+    set_default: bool = False,
+    single_card: bool = True,
+    environ: MutableMapping[str, str] | None = None,
+    machine: Machine | None = None,
+    driver: DriverState | None = None,
+) -> PinState:
+    """Pin this process to one device; raises `TargetError` on bad input, changing nothing.
+
+    target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
+    set_default: also make the device torch's default device (restored on release).
+    single_card: run DataParallel/DDP code single-card on this device (`parallel.enable`).
+    environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
+    """
+    global _state, _env_owner, _torch_owner, _environ
+    environ = os.environ if environ is None else environ
+    text = _normalise(target)
+    base_env = _base_environ(environ)
+    machine = devices.read_machine(base_env) if machine is None else machine.with_ordinals(base_env)
+    choice = _resolve(text, machine)
+    driver = driver_probe.driver_state() if driver is None else driver
+
+    # Decide everything that can fail before touching anything.
+    previous = _state if environ is _environ else None
+    # Hard-pinned and CUDA has started since: the process's device set is fixed for good, so the
+    # variables that made it stay (they keep describing this process and its children).
+    keep_env = driver.started and previous is not None and previous.hard
+    soft_ordinal: int | None = None
+    if driver.started and choice.gpu is not None:
+        if keep_env and choice.uuid != previous.uuid:
+            raise TargetError(
+                f"this kernel is hard-pinned to {previous.describe_device()} and CUDA has "
+                f"started, so no other device exists in this process; restart the kernel to "
+                f"pin {text!r}")
+        if not keep_env:
+            soft_ordinal = _torch_ordinal_for_uuid(choice.uuid)
+            if soft_ordinal is None:
+                raise TargetError(
+                    f"{text!r} ({choice.uuid}) is not visible to torch in this process. "
+                    f"{_too_late(driver.how)} It started with CUDA_VISIBLE_DEVICES="
+                    f"{base_env.get('CUDA_VISIBLE_DEVICES')!r}. " + _restart_hint(text))
+
+    env_before = dict(previous.env_before) if previous is not None else _env_values(environ)
+    kept_env_owner = _env_owner if keep_env else None
+    if keep_env:
+        _env_owner = None  # release() below must not give back the hard pin we keep
+    release()
+
+    import torch
+
+    env_owner = kept_env_owner or borrow.Borrowed("singlecard pin: environment")
+    torch_owner = borrow.Borrowed("singlecard pin: torch")
+    torch_owner.on_restore(lambda: _clear_state_of(torch_owner), "pin state")
+    note = f"{choice.note} " if choice.note else ""
+    committed = False
+    try:
+        if choice.gpu is None:
+            mode, device = "cpu", torch.device("cpu")
+            if keep_env:
+                hard = previous.mode == "cpu"  # CUDA started with no GPU visible
+            else:
+                hard = not driver.started
+                if hard:
+                    env_owner.set_env("CUDA_VISIBLE_DEVICES", "", environ)
+            if hard:
+                reason = "CUDA_VISIBLE_DEVICES is empty, so torch in this process sees no GPU."
+            else:
+                reason = (f"{_too_late(driver.how)} The GPUs stay visible to this process; "
+                          "device() returns cpu. " + _restart_hint(text))
+        elif soft_ordinal is not None:
+            mode, hard = "soft", False
+            device = torch.device("cuda", soft_ordinal)
+            _select_current_device(soft_ordinal, torch_owner)
+            reason = (f"{note}SOFT pin. {_too_late(driver.how)} {choice.gpu.name} is now "
+                      f"torch's current device ({device}), but the other GPUs stay visible to "
+                      "this process and code that names another device (e.g. cuda:0) still "
+                      "reaches them. " + _restart_hint(text))
+        else:
+            mode, hard = "hard", True
+            device = torch.device("cuda", 0)
+            if not keep_env:
+                env_owner.set_env("CUDA_DEVICE_ORDER", "PCI_BUS_ID", environ)
+                env_owner.set_env("CUDA_VISIBLE_DEVICES", choice.uuid, environ)
+            reason = (f"{note}CUDA_VISIBLE_DEVICES={choice.uuid} (with "
+                      "CUDA_DEVICE_ORDER=PCI_BUS_ID) was set before CUDA started, so this "
+                      "process sees only this device, as cuda:0.")
+            if choice.gpu.cuda_ordinal is None and base_env.get("CUDA_VISIBLE_DEVICES"):
+                reason += (" Note: the previous CUDA_VISIBLE_DEVICES="
+                           f"{base_env['CUDA_VISIBLE_DEVICES']} did not include this GPU.")
+            if choice.gpu.other_processes():
+                reason += f" Note: GPU {choice.gpu.index} is also {_busy_text(choice.gpu)}."
+            reason += _no_cuda_torch_note()
+        if set_default:
+            _set_default_device(device, torch_owner)
+        state = PinState(
+            mode=mode, target=text, gpu=choice.gpu, mig=choice.mig, torch_device=device,
+            reason=reason, hard=hard, env_before=env_before, env_after=_env_values(environ),
+            default_device=set_default, single_card=single_card, driver=driver,
+        )
+        _state, _env_owner, _torch_owner, _environ = state, env_owner, torch_owner, environ
+        if single_card:
+            _parallel_enable(device)
+        committed = True
+    finally:
+        if not committed:
+            # Half a pin is worse than none: give back whatever this attempt changed.
+            release()
+            torch_owner.restore()
+            env_owner.restore()
+    return state
+
+
+def _parallel_enable(device: torch.device) -> None:
+    from . import parallel
+
+    parallel.enable(device)
+
+
+def release() -> None:
+    """Undo the pin: single-card mode off, torch defaults and environment variables restored."""
+    global _state, _env_owner, _torch_owner, _environ
+    env_owner, torch_owner = _env_owner, _torch_owner
+    _state = _env_owner = _torch_owner = _environ = None
+    try:
+        from . import parallel
+
+        parallel.disable()  # idempotent: also ends a `single-card on` without a pin
+    finally:
+        try:
+            if torch_owner is not None:
+                torch_owner.restore()
+        finally:
+            if env_owner is not None:
+                env_owner.restore()
+
+
+def current() -> PinState | None:
+    """The active pin, or None."""
+    return _state
+
+
+def device() -> torch.device:
+    """The pinned device; unpinned: `cuda` where torch has CUDA and a GPU is visible, else cpu."""
+    import torch
+
+    if _state is not None:
+        return _state.torch_device
+    visible = any(g.cuda_ordinal is not None for g in devices.read_machine().gpus)
+    return torch.device("cuda" if visible and torch.backends.cuda.is_built() else "cpu")
+
+
+def status() -> Status:
+    """What is pinned, how, and what else singlecard_nb has active. Never starts CUDA."""
+    from .report import build_status
+
+    return build_status(_state, _environ if _environ is not None else os.environ)

@@ -1,0 +1,160 @@
+"""`Status`: what `%singlecard status` / `singlecard_nb.status()` shows.
+
+Built from the pin state, a fresh NVML read (memory) and the driver probe; building or rendering
+it never starts the CUDA driver (no torch.cuda query, and `parallel` is only asked if loaded).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import borrow, devices
+from . import driver as driver_probe
+
+if TYPE_CHECKING:
+    from .pinning import PinState
+
+_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+_GIB = 1024**3
+
+_MODE_WORDS = {
+    "hard": "hard: the other GPUs are hidden from this process",
+    "soft": "SOFT: the device is selected, but the other GPUs stay visible to this process",
+    "cpu": "cpu",
+    "none": "not pinned",
+}
+
+
+@dataclass(frozen=True)
+class Status:
+    mode: str  # "hard" | "soft" | "cpu" | "none"
+    target: str | None
+    gpu_index: int | None
+    gpu_name: str | None
+    gpu_uuid: str | None
+    mig_uuid: str | None
+    torch_device: str | None
+    reason: str
+    hard: bool  # other GPUs really hidden (a cpu pin counts when CUDA_VISIBLE_DEVICES took effect)
+    env_before: dict[str, str | None]
+    env_after: dict[str, str | None]
+    driver_started: bool
+    driver_how: str
+    memory: dict[str, int] | None  # total / used / free bytes on the pinned card, from NVML
+    default_device: bool = False
+    single_card: bool = False
+    active: list[tuple[str, list[str]]] = field(default_factory=list)  # owner -> change labels
+    parallel: dict[str, Any] | None = None  # parallel.report() when single-card code is loaded
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, text) pairs: the content both renderings show."""
+        mode = _MODE_WORDS.get(self.mode, self.mode)
+        if self.mode == "cpu":
+            mode += (": all GPUs hidden" if self.hard
+                     else ": device() is cpu, but GPUs stay visible to this process")
+        rows = [("mode", mode)]
+        if self.gpu_uuid is not None:
+            device = f"GPU {self.gpu_index} {self.gpu_name} ({self.gpu_uuid})"
+            if self.mig_uuid:
+                device += f", MIG device {self.mig_uuid}"
+            rows.append(("device", f"{device} -> use torch device {self.torch_device}"))
+        elif self.torch_device is not None:
+            rows.append(("device", f"CPU -> use torch device {self.torch_device}"))
+        if self.target is not None:
+            rows.append(("target", self.target))
+        if self.reason:
+            rows.append(("why", self.reason))
+        for name in _ENV_VARS:
+            before, after = self.env_before.get(name), self.env_after.get(name)
+            text = _env_text(after) if before == after else f"{_env_text(before)} -> {_env_text(after)}"
+            rows.append((name, text))
+        rows.append(("CUDA driver", ("started" if self.driver_started else "not started")
+                     + f" ({self.driver_how})"))
+        if self.memory is not None:
+            m = self.memory
+            rows.append(("memory (NVML)", f"{m['used'] / _GIB:.1f} / {m['total'] / _GIB:.1f} GiB "
+                                          f"used, {m['free'] / _GIB:.1f} GiB free"))
+        if self.mode != "none":
+            rows.append(("options", f"default device: {'yes' if self.default_device else 'no'}; "
+                                    f"single-card mode requested: {'yes' if self.single_card else 'no'}"))
+        if self.parallel is not None:
+            p = self.parallel
+            text = "on" if p.get("enabled") else "off"
+            if p.get("enabled"):
+                text += (f" ({p.get('wrappers', 0)} wrapper(s), {p.get('groups', 0)} process "
+                         f"group(s); patched: {', '.join(p.get('patched', [])) or '-'})")
+            rows.append(("single-card mode", text))
+        active = "; ".join(f"{name}: {', '.join(labels)}" for name, labels in self.active)
+        rows.append(("active changes", active or "none"))
+        return rows
+
+    def __repr__(self) -> str:
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(["singlecard_nb status"]
+                         + [f"  {label.ljust(width)}  {text}" for label, text in rows])
+
+    def _repr_html_(self) -> str:
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+            f"<td style='text-align:left'>{html.escape(text)}</td></tr>"
+            for label, text in self.rows()
+        )
+        return f"<div><b>singlecard_nb status</b><table>{body}</table></div>"
+
+
+def _env_text(value: str | None) -> str:
+    if value is None:
+        return "(unset)"
+    return repr(value) if value == "" else value
+
+
+def _memory(state: PinState, environ: Mapping[str, str]) -> dict[str, int] | None:
+    if state.gpu is None:
+        return None
+    machine = devices.read_machine(environ)
+    for gpu in machine.gpus:
+        if state.mig is not None:
+            for mig in gpu.mig:
+                if mig.uuid == state.mig.uuid:
+                    return {"total": mig.memory_total, "used": mig.memory_used,
+                            "free": mig.memory_free}
+        elif gpu.uuid == state.gpu.uuid:
+            return {"total": gpu.memory_total, "used": gpu.memory_used, "free": gpu.memory_free}
+    return None
+
+
+def build_status(state: PinState | None, environ: Mapping[str, str] | None = None) -> Status:
+    """A `Status` for `state` (None: not pinned) and the environment `environ`."""
+    environ = os.environ if environ is None else environ
+    now = {name: environ.get(name) for name in _ENV_VARS}
+    driver = driver_probe.driver_state()
+    # Only ask single-card mode if its module is loaded: importing it just to say "off" is waste.
+    parallel_module = sys.modules.get(f"{__package__}.parallel")
+    parallel = parallel_module.report() if parallel_module is not None else None
+    active = [(owner.name, owner.describe()) for owner in borrow.active_owners()]
+    if state is None:
+        return Status(
+            mode="none", target=None, gpu_index=None, gpu_name=None, gpu_uuid=None,
+            mig_uuid=None, torch_device=None, reason="", hard=False, env_before=now,
+            env_after=now, driver_started=driver.started, driver_how=driver.how, memory=None,
+            active=active, parallel=parallel,
+        )
+    gpu = state.gpu
+    return Status(
+        mode=state.mode, target=state.target,
+        gpu_index=None if gpu is None else gpu.index,
+        gpu_name=None if gpu is None else gpu.name,
+        gpu_uuid=None if gpu is None else gpu.uuid,
+        mig_uuid=None if state.mig is None else state.mig.uuid,
+        torch_device=str(state.torch_device), reason=state.reason, hard=state.hard,
+        env_before=dict(state.env_before), env_after=now,
+        driver_started=driver.started, driver_how=driver.how,
+        memory=_memory(state, environ), default_device=state.default_device,
+        single_card=state.single_card, active=active, parallel=parallel,
+    )

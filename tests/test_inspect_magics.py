@@ -1,0 +1,107 @@
+"""`%inspect` / `%%inspect` through a real InteractiveShell."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from torch.nn.modules import module as module_globals
+
+from singlecard_nb import borrow
+
+
+@pytest.fixture
+def ip():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "singlecard_nb")
+    shell.run_cell(
+        "import torch\nfrom torch import nn\n"
+        "model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))\n"
+        "x = torch.randn(3, 4)\n"
+    )
+    yield shell
+    shell.run_line_magic("unload_ext", "singlecard_nb")
+    assert borrow.active_owners() == []
+
+
+def hooks(shell) -> int:
+    model = shell.user_ns["model"]
+    return (len(module_globals._global_forward_hooks)
+            + sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()))
+
+
+def magics(shell):
+    return shell.magics_manager.registry["InspectMagics"]
+
+
+def run(shell, cell):
+    result = shell.run_cell(cell)
+    assert result.success, result.error_in_exec or result.error_before_exec
+    return result
+
+
+def test_inspect_across_cells_then_show_and_off(ip, capsys):
+    run(ip, "%inspect model --every 2 --grads")
+    assert hooks(ip) > 0
+    run(ip, "for _ in range(4):\n    model(x).sum().backward()")
+    insp = magics(ip).inspectors["model"]
+    df = insp.frame()
+    assert sorted(df.step.unique()) == [0, 2] and "param_grad" in set(df.io)
+    run(ip, "%inspect show model")
+    assert "Linear" in capsys.readouterr().out
+    run(ip, "%inspect off")
+    assert hooks(ip) == 0 and magics(ip).inspectors == {}
+    assert ip.events.callbacks["post_run_cell"].count(magics(ip)._flush_callback) == 0
+
+
+def test_last_step_of_a_cell_reaches_the_host_when_the_cell_ends(ip):
+    run(ip, "%inspect model")
+    run(ip, "model(x)")
+    insp = magics(ip).inspectors["model"]
+    assert insp.steps_recorded == 1 and len(insp.last_step()) > 0
+
+
+def test_cell_magic_inspects_only_that_cell_and_shows_summary(ip, capsys):
+    run(ip, "%%inspect model --include 0,2\nmodel(x)")
+    out = capsys.readouterr().out
+    assert "Linear" in out and "ReLU" not in out
+    assert hooks(ip) == 0
+
+
+def test_cell_magic_removes_hooks_when_the_cell_fails(ip):
+    ip.run_cell("%%inspect model\nmodel(x)\nraise ValueError('boom')")
+    assert hooks(ip) == 0
+
+
+def test_trap_from_the_magic(ip, capsys):
+    ip.run_cell("class Boom(nn.Module):\n    def forward(self, x):\n        return x.log() * 0 - x.abs().log()\n"
+                "bad = nn.Sequential(nn.Linear(4, 4), Boom())")
+    result = ip.run_cell("%%inspect bad --trap\nbad(torch.zeros(2, 4))")
+    err = capsys.readouterr()
+    assert "NonFiniteError" in err.out + err.err
+    assert "'1'" in err.out + err.err
+    assert result is not None
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%inspect nosuch", "no variable named 'nosuch'"),
+    ("%inspect x", "is a Tensor, not a torch.nn.Module"),
+    ("%inspect model --every 0", "--every must be a positive integer, got 0"),
+    ("%inspect model --every ten", "ten"),
+    ("%inspect model --bogus", "--bogus"),
+    ("%inspect off other", "'other' is not being inspected"),
+    ("%inspect model other", "takes one model"),
+])
+def test_bad_input_is_a_usage_error_and_changes_nothing(ip, line, message):
+    before = hooks(ip)
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("inspect", line.split(" ", 1)[1])
+    assert hooks(ip) == before and magics(ip).inspectors == {}
+
+
+def test_unload_removes_every_inspector_hook(ip):
+    run(ip, "%inspect model --grads")
+    ip.run_line_magic("unload_ext", "singlecard_nb")
+    assert hooks(ip) == 0
+    assert "inspect" not in ip.magics_manager.magics["line"]
+    ip.run_line_magic("load_ext", "singlecard_nb")  # the fixture unloads again
