@@ -139,6 +139,47 @@ STARTED_UNDER_PIN = """
                       "refused": refused, "count": torch.cuda.device_count()}}))
 """
 
+INSPECT_ON_GPU = """
+    import json, statistics, time, warnings, torch, singlecard_nb
+    from torch import nn
+    singlecard_nb.pin({index})
+    layer = nn.TransformerEncoderLayer(256, 4, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).cuda()
+    x = torch.randn(16, 128, 256, device="cuda")
+    insp = singlecard_nb.inspect(model)
+    insp.stop()
+
+    def timed(inspected):
+        if inspected:
+            insp.start()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5):
+            model(x)
+        insp.flush()
+        torch.cuda.synchronize()
+        insp.stop()
+        return (time.perf_counter() - start) / 5
+
+    bare, full = [], []
+    for _ in range(8):  # interleaved against drift
+        bare.append(timed(False))
+        full.append(timed(True))
+    insp.start()
+    model(x)  # step 0
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        model(x)  # step 1 records, and moves step 0 to the host
+        torch.cuda.set_sync_debug_mode("default")
+    insp.stop()
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    print(json.dumps({{"bare_ms": statistics.median(bare) * 1e3,
+                      "full_ms": statistics.median(full) * 1e3, "syncs": syncs,
+                      "rows": len(insp.frame())}}))
+"""
+
 
 def main() -> int:
     began = time.monotonic()
@@ -217,6 +258,16 @@ def main() -> int:
     check("too late after a CUDA tensor",
           too_late("torch.zeros(1, device='cuda')", "after torch.zeros(device='cuda')"))
     check("hard pin kept when CUDA starts under it", started_under_pin)
+
+    def inspect_on_gpu():
+        out = fresh(INSPECT_ON_GPU.format(index=index))
+        ratio = out["full_ms"] / out["bare_ms"]
+        return out["syncs"] == 1, (
+            f"transformer (6 layers, d256, seq 128, batch 16) forward: bare {out['bare_ms']:.2f} ms, "
+            f"full statistics {out['full_ms']:.2f} ms, ratio {ratio:.2f}x; device->host "
+            f"synchronisations per inspected step: {out['syncs']} (target 1)")
+
+    check("inspection on the GPU: ratio and synchronisations per step", inspect_on_gpu)
 
     def gpu_tests():
         done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",

@@ -1,0 +1,175 @@
+"""Matplotlib figures from an Inspector: a module × step heatmap and activation histograms.
+
+Figures are made through pyplot (so the notebook's inline backend knows how to render them) and
+closed at once, so a figure shows exactly once: as the value returned to the cell.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Any
+
+# Statistics that are never negative and often span decades: a log colour scale keeps a layer
+# at 1e4 from flattening every other row into one colour.
+_LOG_FRIENDLY = {"absmax", "std"}
+_BAD_COLOUR = "#e41a1c"  # NaN/Inf cells: red on viridis cannot be mistaken for a value
+
+
+def _label(module: str) -> str:
+    return module if module else "(root)"
+
+
+def _new_figure(width: float, height: float) -> tuple[Any, Any]:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    plt.close(fig)  # returned to the caller, not shown again by the inline backend
+    return fig, ax
+
+
+def _empty(message: str) -> Any:
+    fig, ax = _new_figure(6, 1.5)
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=10, color="#555")
+    return fig
+
+
+def heatmap(insp: Any, stat: str = "absmax", io: str = "output") -> Any:
+    """Module × step heatmap of one statistic of the recorded outputs; returns a Figure.
+
+    stat: a statistic column of `insp.frame()` (absmax, std, mean, min, max, zeros, nan, inf).
+    Cells whose statistic is NaN or ±Inf are drawn red: that is where non-finite values are.
+    """
+    import matplotlib
+    import numpy as np
+    from matplotlib import colors, ticker
+
+    table = insp.history(stat, io)
+    if table is None or table.empty:
+        return _empty(f"no {io} {stat!r} recorded yet: run the model while inspecting")
+    frame = insp.frame()
+    values = table.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    # A NaN cell is either "the statistic was NaN" (red) or "the module did not run in that
+    # step" (blank); only the frame's nan/inf counts can tell them apart.
+    bad = np.isinf(values) | _nonfinite_cells(frame, table, io)
+    masked = np.ma.masked_where(~finite, values)
+
+    rows, cols = values.shape
+    fig, ax = _new_figure(min(6 + 0.05 * cols, 10), min(max(1.4 + 0.28 * rows, 2.6), 14))
+    # blank: a step in which the module did not run
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    norm = None
+    shown = values[finite]
+    if stat in _LOG_FRIENDLY and shown.size and shown.min() > 0 and shown.max() / shown.min() > 100:
+        norm = colors.LogNorm(vmin=shown.min(), vmax=shown.max())
+    image = ax.imshow(masked, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+    if bad.any():
+        overlay = np.ma.masked_where(~bad, np.ones_like(values))
+        ax.imshow(overlay, aspect="auto", interpolation="nearest",
+                  cmap=colors.ListedColormap([_BAD_COLOUR]), vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, label=stat + (" (log scale)" if norm is not None else ""),
+                 fraction=0.04, pad=0.02)
+
+    # Columns are recorded steps (0, N, 2N... with every=N): label positions with step numbers.
+    steps = list(table.columns)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=10, integer=True))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(
+        lambda x, _: str(steps[int(x)]) if 0 <= int(x) < len(steps) and x == int(x) else ""))
+    types = _module_types(frame)
+    labels = [_label(str(m)) + (f" · {types[m]}" if m in types else "") for m in table.index]
+    positions = _tick_positions(rows, 60)
+    ax.set_yticks(positions, [labels[i] for i in positions], fontsize=8)
+    ax.set_xlabel("step")
+    title = f"{stat} of module {io}s per step"
+    if bad.any():
+        title += "  (red: NaN/Inf)"
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _module_types(frame: Any) -> dict[str, str]:
+    if frame is None or frame.empty or "type" not in frame.columns:
+        return {}
+    return dict(zip(frame["module"], frame["type"]))
+
+
+def _nonfinite_cells(frame: Any, table: Any, io: str) -> Any:
+    """Boolean array shaped like `table`: the module's `io` tensors held NaN/Inf in that step."""
+    import numpy as np
+
+    if frame is None or frame.empty or not {"nan", "inf"} <= set(frame.columns):
+        return np.zeros(table.shape, dtype=bool)
+    rows = frame[frame["io"] == io]
+    flagged = (rows["nan"].fillna(0) + rows["inf"].fillna(0)).gt(0)
+    per_cell = flagged.groupby([rows["module"], rows["step"]]).any().unstack(fill_value=False)
+    per_cell = per_cell.reindex(index=table.index, columns=table.columns, fill_value=False)
+    return per_cell.fillna(False).to_numpy(dtype=bool)
+
+
+def _tick_positions(n: int, most: int) -> list[int]:
+    step = max(1, math.ceil(n / most))
+    return list(range(0, n, step))
+
+
+def _rebin(counts: Any, edges: Any, bins: int) -> tuple[Any, Any]:
+    """Merge adjacent bins so there are at most `bins` (exact: counts are summed)."""
+    import numpy as np
+
+    counts = np.asarray(counts, dtype=float)
+    edges = np.asarray(edges, dtype=float)
+    group = max(1, math.ceil(len(counts) / max(1, bins)))
+    if group == 1:
+        return counts, edges
+    pad = (-len(counts)) % group
+    padded = np.concatenate([counts, np.zeros(pad)])
+    merged = padded.reshape(-1, group).sum(axis=1)
+    merged_edges = np.concatenate([edges[:-1][::group], edges[-1:]])
+    return merged, merged_edges
+
+
+def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
+    """Histograms of the latest recorded activation values per module; returns a Figure.
+
+    modules: module paths or glob patterns (default: every module with a histogram). The
+    inspector computes histograms on the device for the modules given as `hist=` when it was
+    created, so no activation is kept for this. bins: at most this many bars (adjacent bins are
+    merged, never re-estimated).
+    """
+    available: dict[str, tuple[Any, Any]] = dict(insp.histograms())
+    if isinstance(modules, str):
+        modules = [modules]
+    if modules is None:
+        chosen = list(available)
+    else:
+        chosen = [name for name in available if any(fnmatch.fnmatchcase(name, p) for p in modules)]
+        if not chosen:
+            have = ", ".join(repr(n) for n in available) or "none"
+            raise ValueError(
+                f"no histogram recorded for {list(modules)!r}; modules with histograms: {have}. "
+                "Ask for them when inspecting, e.g. scn.inspect(model, hist=['encoder.*'])"
+            )
+    if not chosen:
+        return _empty("no histograms recorded: inspect with hist=[...module paths...]")
+
+    ncols = min(3, len(chosen))
+    nrows = math.ceil(len(chosen) / ncols)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.6 * nrows),
+                             layout="constrained", squeeze=False)
+    plt.close(fig)
+    for ax in axes.flat[len(chosen):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, chosen):
+        counts, edges = _rebin(*available[name], bins)
+        ax.stairs(counts, edges, fill=True, color="#3b75af")
+        ax.set_title(_label(name), fontsize=9)
+        positive = counts[counts > 0]
+        if positive.size and positive.max() / positive.min() > 100:  # heavy tails stay visible
+            ax.set_yscale("log")
+        ax.set_ylabel("count", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("activation values (latest recorded step)", fontsize=10)
+    return fig
