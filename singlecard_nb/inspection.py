@@ -38,6 +38,9 @@ COLUMNS = (
 DEFAULT_MAX_ROWS = 100_000
 MAX_DEPTH = 8  # nesting depth walked inside one output structure
 MAX_TENSORS_PER_OUTPUT = 256  # a list of thousands of tensors is summarised by its first ones
+# A container's output is the same tensor as a child's, seen a few hooks earlier: remembering
+# only the last few keeps dedupe's weak references from piling up for the garbage collector.
+_SEEN_WINDOW = 64
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
@@ -241,8 +244,6 @@ class Inspector:
             owner.restore()
             raise
         self._owner = owner
-        if self._recording:
-            self._install_global_hook()
         return self
 
     def stop(self) -> Inspector:
@@ -384,10 +385,6 @@ class Inspector:
         self._step += 1
         self._recording = self._step % self.every == 0
         self._calls.clear()
-        if self._recording and self._owner is not None:
-            self._install_global_hook()
-        else:
-            self._remove_global_hook()
 
     def _on_root_pre(self, module, args, kwargs) -> None:
         if _is_compiling():
@@ -397,7 +394,12 @@ class Inspector:
             return  # a recursive call of the root is part of the same step
         if not self._manual_steps or self._step < 0:
             self._begin_step()
-        if self._recording and self.inputs == "root":
+        if not self._recording:
+            return
+        # The global hook exists only while the inspected model runs: other models, and steps
+        # that are not recorded, keep torch's fast path.
+        self._install_global_hook()
+        if self.inputs == "root":
             target = self._targets.get(id(module))
             if target is not None:
                 call = self._calls.get(id(module), 0)  # the forward hook counts this call
@@ -405,6 +407,8 @@ class Inspector:
 
     def _on_root_post(self, module, args, output) -> None:
         self._root_depth = max(self._root_depth - 1, 0)
+        if self._root_depth == 0:
+            self._remove_global_hook()
 
     def _on_forward(self, module, args, kwargs, output) -> None:
         target = self._targets.get(id(module))
@@ -449,6 +453,8 @@ class Inspector:
                 slot = cached[2]  # a container's output seen again: reuse its statistics
             else:
                 slot = pending.stats.add(t, shape, immediate=self.trap)
+                if len(self._seen) >= _SEEN_WINDOW:
+                    self._seen.clear()
                 self._seen[id(t)] = (weakref.ref(t), t._version, slot)
                 if target.hist and io == "output":
                     self._take_histogram(target.path, t)

@@ -31,7 +31,7 @@ import torch
 
 VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
 EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
-SMALL_NUMEL = 8192  # at or below this, per-op overhead dominates: copy, defer and batch
+SMALL_NUMEL = 65536  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)
 _EXACT_FLOAT_COUNT = 1 << 24  # float32 sums of ones stay exact below this many elements
 
@@ -40,6 +40,11 @@ _REDUCIBLE = frozenset({
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
     torch.complex64, torch.complex128,
 })
+
+
+# small tensors are staged (copied) in the dtype their reductions use: see `_as_real`
+_STAGED_DTYPE = {torch.float64: torch.float64, torch.int64: torch.float64,
+                 torch.int32: torch.float64}
 
 
 def reducible(t: torch.Tensor) -> bool:
@@ -77,6 +82,42 @@ def _values_on_device(n, total, second, lo, hi, nan, inf, nonzero, exact: bool) 
                         nan.to(dtype), inf.to(dtype), zeros.to(dtype)], dim=-1)
 
 
+class _Staging:
+    """Copies of same-shaped small tensors, written row by row into preallocated chunks.
+
+    Rows of a chunk rather than one clone each: a step then holds a few tensor objects instead
+    of thousands, which keeps Python's garbage collector from walking the user's model.
+    """
+
+    __slots__ = ("shape", "dtype", "device", "slots", "chunks", "filled")
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, device: torch.device):
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.slots: list[int] = []
+        self.chunks: list[torch.Tensor] = []
+        self.filled = 0  # rows used in the last chunk
+
+    def add(self, x: torch.Tensor, slot: int) -> int:
+        """Copy `x` into the next row (converting its dtype); returns the bytes reserved."""
+        reserved = 0
+        if not self.chunks or self.filled == len(self.chunks[-1]):
+            rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
+            self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
+                                           device=self.device))
+            self.filled = 0
+            reserved = self.chunks[-1].nbytes
+        self.chunks[-1][self.filled].copy_(x)
+        self.filled += 1
+        self.slots.append(slot)
+        return reserved
+
+    def matrix(self) -> torch.Tensor:
+        """All copies as one [k, n] matrix."""
+        last = self.chunks[-1][: self.filled]
+        stacked = torch.cat([*self.chunks[:-1], last]) if len(self.chunks) > 1 else last
+        return stacked.reshape(len(self.slots), -1)
+
+
 class StepStats:
     """Statistics of the tensors seen in one step: `add` gives a slot, `table` the VALUES.
 
@@ -88,8 +129,7 @@ class StepStats:
         self._count = 0
         self._known: dict[int, Sequence[float]] = {}  # slot -> VALUES already on the host
         self._tables: list[tuple[list[int], np.ndarray]] = []  # many slots' VALUES at once
-        # deferred small copies: (device, dtype, shape) -> (slots, copies)
-        self._small: dict[tuple, tuple[list[int], list[torch.Tensor]]] = {}
+        self._small: dict[tuple, _Staging] = {}  # (device, dtype, shape) -> deferred copies
         self._small_bytes = 0
         # results on an accelerator: device -> (slots, [VALUES] vectors or [k, VALUES] tables)
         self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
@@ -102,16 +142,21 @@ class StepStats:
         if n == 0:
             return slot  # an empty tensor has a shape but no statistics (NaN row)
         x = t.detach()
-        real = _as_real(x)
+        dtype = x.dtype
         if n <= SMALL_NUMEL and not immediate:
-            copy = x.clone() if real is None else real  # a copy, never the activation itself
-            slots, copies = self._small.setdefault((copy.device, copy.dtype, shape), ([], []))
-            slots.append(slot)
-            copies.append(copy)
-            self._small_bytes += copy.element_size() * n
+            if dtype.is_complex:
+                x = x.abs()  # magnitudes
+                dtype = x.dtype
+            staged_dtype = _STAGED_DTYPE.get(dtype, torch.float32)
+            key = (x.device, staged_dtype, shape)
+            staging = self._small.get(key)
+            if staging is None:
+                staging = self._small[key] = _Staging(shape, staged_dtype, x.device)
+            self._small_bytes += staging.add(x, slot)  # a copy, never the activation itself
             if self._small_bytes > DEFER_BYTES_LIMIT:
                 self._reduce_small()
             return slot
+        real = _as_real(x)
         v = x if real is None else real
         if v.device.type == "cpu":
             self._known[slot] = self._reduce_cpu(v, n)
@@ -197,9 +242,9 @@ class StepStats:
     def _reduce_small(self) -> None:
         # Per-row reductions over a [k, n] stack. Measured on the CPU: amin + amax are ~40x
         # faster than aminmax(dim=1), and a centred sum of squares ~20x faster than var_mean.
-        for (device, _dtype, _shape), (slots, copies) in self._small.items():
-            n = copies[0].numel()
-            m = torch.stack(copies).view(len(copies), n)
+        for (device, _dtype, _shape), staging in self._small.items():
+            slots, m = staging.slots, staging.matrix()
+            n = m.shape[1]
             lo, hi = m.amin(dim=1), m.amax(dim=1)
             total = m.sum(dim=1)
             centred = m - (total / n).unsqueeze(1)
