@@ -412,8 +412,11 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
                 note="own forward, eval()+no_grad"),
         Variant("torchlens", "torchlens.trace (log_forward_pass)", "fwd", torchlens_make),
         Variant("train", "bare training step", "train", train(None)),
+        Variant("train_full", f"train + {engine_label}(model)", "train",
+                train(lambda m: engine(m)), note="forward statistics in a training step"),
         Variant("train_grads", f"train + {engine_label}(model, grads=True)", "train",
-                train(lambda m: engine(m, grads=True))),
+                train(lambda m: engine(m, grads=True)),
+                note="+ output and parameter gradients: about twice the tensors"),
     ]
     tl = next(x for x in v if x.key == "torchlens")
     if quick:  # one block of 10 steps (its first step is the recorded one), no warm-up
@@ -678,8 +681,9 @@ def verdict(value: float | None, limit: float) -> str:
     return "PASS" if value <= limit else "FAIL"
 
 
-# targets of issue 4 on the ratio of a variant (CNN and transformer)
-RATIO_TARGETS = {"full": 1.20, "train_grads": 1.12, "every10": 1.03}
+# targets of issue 4 on the ratio of a variant (CNN and transformer): "full statistics <= 1.20x
+# a bare forward and <= 1.12x a bare training step"; grads=True is reported beside, untargeted
+RATIO_TARGETS = {"full": 1.20, "train_full": 1.12, "every10": 1.03}
 TARGET_MODELS = ("resnet", "transformer")
 
 
@@ -692,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(bench_models.MODELS),
                     help="comma-separated subset of: " + ", ".join(bench_models.MODELS))
     ap.add_argument("--skip", default="", help="comma-separated variant keys to leave out "
-                    "(bare floor naive full every10 torchinfo torchlens train train_grads)")
+                    "(bare floor naive full every10 torchinfo torchlens train train_full "
+                    "train_grads)")
     ap.add_argument("--reps", type=int, default=0, help="repetitions per model (override)")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip import / attach+detach / reduction measurements")

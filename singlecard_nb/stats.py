@@ -89,22 +89,23 @@ class _Staging:
     of thousands, which keeps Python's garbage collector from walking the user's model.
     """
 
-    __slots__ = ("shape", "dtype", "device", "slots", "chunks", "filled")
+    __slots__ = ("shape", "dtype", "device", "slots", "chunks", "filled", "capacity")
 
     def __init__(self, shape: tuple, dtype: torch.dtype, device: torch.device):
         self.shape, self.dtype, self.device = shape, dtype, device
         self.slots: list[int] = []
         self.chunks: list[torch.Tensor] = []
         self.filled = 0  # rows used in the last chunk
+        self.capacity = 0  # rows in the last chunk (an int: len(tensor) is slow Python)
 
     def add(self, x: torch.Tensor, slot: int) -> int:
         """Copy `x` into the next row (converting its dtype); returns the bytes reserved."""
         reserved = 0
-        if not self.chunks or self.filled == len(self.chunks[-1]):
+        if self.filled == self.capacity:
             rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
             self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
                                            device=self.device))
-            self.filled = 0
+            self.filled, self.capacity = 0, rows
             reserved = self.chunks[-1].nbytes
         self.chunks[-1][self.filled].copy_(x)
         self.filled += 1
