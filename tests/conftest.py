@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:
+    """Run `code` in a new interpreter (CUDA untouched, no CUDA_* variables inherited) with
+    extra environment `env`; return the JSON it printed last, and all it printed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    environ.update(env)
+    done = subprocess.run([sys.executable, "-c", code], env=environ, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
 def _has_gpu() -> bool:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_fresh_python
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -231,11 +230,7 @@ def test_kernel_start_pin_in_a_fresh_process():
         ip.run_line_magic("unload_ext", "singlecard_nb")
         print(json.dumps({"pinned": pinned, "after": os.environ.get("CUDA_VISIBLE_DEVICES")}))
     """)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
-    environ.update(SINGLECARD_NB_MACHINE=str(FOUR_GPUS), SINGLECARD_NB_DEVICE="GPU-2f6e")
-    done = subprocess.run([sys.executable, "-c", code], env=environ, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out, printed = run_fresh_python(code, SINGLECARD_NB_MACHINE=str(FOUR_GPUS),
+                                    SINGLECARD_NB_DEVICE="GPU-2f6e")
     assert out == {"pinned": GPU1, "after": None}
-    assert "Pinned (hard): GPU 1" in done.stdout
+    assert "Pinned (hard): GPU 1" in printed

@@ -7,11 +7,9 @@ user path runs. Any recorded call fails the test.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from conftest import run_fresh_python
 
 ROOT = Path(__file__).parent.parent
 FOUR_GPUS = Path(__file__).parent / "machines" / "four_gpus.json"
@@ -102,15 +100,11 @@ print(json.dumps(result))
 
 
 def test_no_cuda_entry_point_is_called():
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
-    environ.update(SINGLECARD_NB_MACHINE=str(FOUR_GPUS), SINGLECARD_NB_DEVICE="auto")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=environ, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out, printed = run_fresh_python(SCRIPT, SINGLECARD_NB_MACHINE=str(FOUR_GPUS),
+                                    SINGLECARD_NB_DEVICE="auto")
     assert out["trap_works"]
     assert out["calls"] == [], f"CUDA-initialising calls: {out['calls']}"
     assert "cuInit" not in out["driver"] and "cuDeviceGetCount" in out["driver"]
     assert out["errors"] == []
     assert out["mode"] == "hard"
-    assert "Pinned (hard): GPU 2" in done.stdout  # SINGLECARD_NB_DEVICE=auto at load
+    assert "Pinned (hard): GPU 2" in printed  # SINGLECARD_NB_DEVICE=auto at load
