@@ -331,10 +331,32 @@ class Inspector:
         return heatmap(self, stat)
 
     def hist(self, modules=None, bins: int | None = None):
-        """Histograms of activation values of `modules` (globs), computed on the device."""
+        """Histograms of activation values of `modules` (globs), computed on the device.
+
+        Histograms are taken for the modules given as `hist=` and, from the next recorded step
+        on, for any `modules` asked for here; no activation is kept for them.
+        """
         from .plots import histograms
 
-        return histograms(self, modules, bins or self.hist_bins)
+        added = self._track_histograms(_globs(modules) or [])
+        try:
+            return histograms(self, modules, bins or self.hist_bins)
+        except ValueError:
+            if not added:
+                raise
+            raise ValueError(
+                f"no histogram recorded yet for {', '.join(added)}: they are taken from the next "
+                "recorded step on. Run a step, then call insp.hist() again.") from None
+
+    def _track_histograms(self, patterns: list[str]) -> list[str]:
+        """Also take histograms for modules matching `patterns`; returns the newly tracked paths."""
+        added = []
+        for target in self._targets.values():
+            if not target.hist and _matches(target.path, target.type_name, patterns):
+                target.hist = True
+                added.append(target.path or "''")
+        self.hist_patterns = (self.hist_patterns or []) + patterns
+        return added
 
     def _repr_html_(self) -> str:
         return self.summary()._repr_html_()

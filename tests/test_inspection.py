@@ -481,3 +481,16 @@ def test_warnings_are_not_emitted_in_normal_use():
         with scn.inspect(model, grads=True) as insp:
             model(torch.randn(3, 8)).sum().backward()
         insp.frame()
+
+
+def test_histograms_are_taken_on_request_without_keeping_activations():
+    model = mlp()
+    with scn.inspect(model, hist=["1"]) as insp:
+        model(torch.randn(64, 8))
+        counts, edges = insp.histograms()["1"]
+        assert counts.sum() == 64 * 16 and edges[0] == 0.0  # ReLU output starts at zero
+        with pytest.raises(ValueError, match="from the next recorded step"):
+            insp.hist(modules=["0"])
+        model(torch.randn(64, 8))
+        figure = insp.hist(modules=["0", "1"])
+    assert len([ax for ax in figure.axes if ax.get_title()]) == 2
