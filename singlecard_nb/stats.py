@@ -5,8 +5,8 @@ reduction costs (measured on a 2-core CPU, see benchmarks/): `sum`, `aminmax` an
 `linalg.vector_norm` are one cheap pass each, while `std_mean`, `count_nonzero` and
 `isnan().sum()` are many times slower. So, for a large tensor:
 
-    min, max   amin and amax (on the CPU faster than aminmax); they propagate NaN/Inf, so they
-               also say whether NaN/Inf counts are needed
+    min, max   aminmax, or amin and amax for large CPU tensors (faster there); both propagate
+               NaN/Inf, so they also say whether NaN/Inf counts are needed
     mean       sum / n, accumulated in float32 on a CPU and in float64 on a GPU
     std        from the sum of squares in one pass (unbiased, like torch.std). On a CPU, with
                float32 sums, its relative error grows like 1e-7 * (mean/std)**2: labelled as a
@@ -31,8 +31,9 @@ import torch
 
 VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
 EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
-SMALL_NUMEL = 65536  # at or below this, per-op overhead dominates: copy, defer and batch
+SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)
+_AMINMAX_NUMEL = 200_000  # below this one aminmax beats amin + amax (fewer dispatches)
 _EXACT_FLOAT_COUNT = 1 << 24  # float32 sums of ones stay exact below this many elements
 
 _REDUCIBLE = frozenset({
@@ -195,7 +196,11 @@ class StepStats:
 
     # --- reductions -----------------------------------------------------------------------
     def _reduce_cpu(self, v: torch.Tensor, n: int) -> tuple:
-        lo, hi = v.amin().item(), v.amax().item()  # ~1.6x faster than aminmax on the CPU
+        if n <= _AMINMAX_NUMEL:
+            lo_t, hi_t = torch.aminmax(v)
+        else:  # amin + amax: ~1.4x faster than aminmax on large CPU tensors
+            lo_t, hi_t = v.amin(), v.amax()
+        lo, hi = lo_t.item(), hi_t.item()
         if math.isfinite(lo) and math.isfinite(hi):
             nan = inf = 0
             if lo > 0 or hi < 0:

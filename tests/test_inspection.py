@@ -56,7 +56,8 @@ def test_frame_has_contract_columns_and_one_row_per_module_output():
     assert set(df.dtype) == {"float32"} and set(df.device) == {"cpu"}
 
 
-@pytest.mark.parametrize("shape", [(3, 5), (64, 256)], ids=["small-batched", "large-direct"])
+@pytest.mark.parametrize("shape", [(3, 5), (4, stats.SMALL_NUMEL), (2, 150_000)],
+                         ids=["small-batched", "large-aminmax", "large-amin-amax"])
 def test_statistics_equal_torch_reductions(shape):
     torch.manual_seed(1)
     x = torch.randn(*shape) * 3 + 1
