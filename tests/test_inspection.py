@@ -495,3 +495,23 @@ def test_histograms_are_taken_on_request_without_keeping_activations():
         model(torch.randn(64, 8))
         figure = insp.hist(modules=["0", "1"])
     assert len([ax for ax in figure.axes if ax.get_title()]) == 2
+
+
+def test_accelerator_formulas_agree_with_the_cpu_path():
+    # The GPU path (all counts on the device, float64 sums) runs here on CPU tensors: same values.
+    torch.manual_seed(5)
+    x = torch.randn(300, 500) * 4 - 1
+    x[:3] = 0.0
+    x[5, 5] = math.nan
+    x[6, 6] = math.inf
+    step = stats.StepStats()
+    on_device = step._reduce_on_device(x, x.numel()).tolist()
+    on_cpu = step._reduce_cpu(x, x.numel())
+    finite = x[torch.isfinite(x)].double()
+    assert on_device[5:7] == [1.0, 1.0] and list(on_cpu[5:7]) == [1, 1]
+    assert on_device[7] == pytest.approx(on_cpu[7]) == pytest.approx(1500 / x.numel())
+    clean = torch.where(torch.isfinite(x), x, torch.zeros(()))
+    values = step._reduce_on_device(clean, clean.numel()).tolist()
+    assert values[0] == pytest.approx(clean.double().mean().item(), rel=1e-9)
+    assert values[1] == pytest.approx(clean.double().std().item(), rel=1e-9)
+    assert values[2:5] == [finite.min().item(), finite.max().item(), finite.abs().max().item()]
