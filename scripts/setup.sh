@@ -9,7 +9,8 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv --system-site-packages .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    .venv/bin/python -m pip install -q torch==2.13.0
+    .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import torch"
 fi
 stamp=.venv/.singlecard-nb-installed
 wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
