@@ -331,14 +331,18 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
     def copy_model() -> nn.Module:
         return copy.deepcopy(model)
 
+    def attached_copy(stack: contextlib.ExitStack, attach, make) -> tuple[nn.Module, Callable]:
+        """A fresh copy of the model, with `attach(copy)` entered on `stack` when given."""
+        m = copy_model()
+        if attach is None:
+            return m, lambda: None
+        insp = stack.enter_context(attach(m))
+        make.inspector = insp  # the harness reads the steps it recorded
+        return m, _step_of(insp)
+
     def fwd(attach: Callable[[nn.Module], Any] | None, block: int = 1):
         def make(stack: contextlib.ExitStack) -> Callable[[], float]:
-            m = copy_model()
-            step = lambda: None  # noqa: E731
-            if attach is not None:
-                insp = stack.enter_context(attach(m))
-                step = _step_of(insp)
-                make.inspector = insp  # type: ignore[attr-defined]
+            m, step = attached_copy(stack, attach, make)
 
             def once():
                 m(x)
@@ -361,13 +365,8 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
 
     def train(attach: Callable[[nn.Module], Any] | None):
         def make(stack: contextlib.ExitStack) -> Callable[[], float]:
-            m = copy_model()
+            m, step = attached_copy(stack, attach, make)
             opt = torch.optim.SGD(m.parameters(), lr=1e-4)
-            step = lambda: None  # noqa: E731
-            if attach is not None:
-                insp = stack.enter_context(attach(m))
-                step = _step_of(insp)
-                make.inspector = insp  # type: ignore[attr-defined]
 
             def run():
                 opt.zero_grad(set_to_none=True)
