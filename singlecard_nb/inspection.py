@@ -334,7 +334,8 @@ class Inspector:
         """Histograms of activation values of `modules` (globs), computed on the device.
 
         Histograms are taken for the modules given as `hist=` and, from the next recorded step
-        on, for any `modules` asked for here; no activation is kept for them.
+        on, for any `modules` asked for here; no activation is kept for them. On a GPU each
+        histogram reads its range back once (torch.histc), so ask only for the modules you need.
         """
         from .plots import histograms
 
