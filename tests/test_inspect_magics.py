@@ -105,3 +105,12 @@ def test_unload_removes_every_inspector_hook(ip):
     assert hooks(ip) == 0
     assert "inspect" not in ip.magics_manager.magics["line"]
     ip.run_line_magic("load_ext", "singlecard_nb")  # the fixture unloads again
+
+
+def test_live_option_attaches_a_view_that_updates_while_training(ip):
+    run(ip, "%inspect model --live")
+    insp = magics(ip).inspectors["model"]
+    assert len(insp._listeners) == 1  # the live view listens for finished steps
+    run(ip, "for _ in range(3):\n    model(x)")
+    run(ip, "%inspect off model")
+    assert insp._listeners == []  # the view lets go when inspection stops
