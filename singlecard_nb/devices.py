@@ -133,8 +133,8 @@ class Machine:
                 str(gpu.index),
                 "-" if gpu.cuda_ordinal is None else str(gpu.cuda_ordinal),
                 gpu.name,
-                f"{_gib(gpu.memory_used)} / {_gib(gpu.memory_total)} GiB",
-                f"{_gib(gpu.memory_free)} GiB",
+                f"{gib(gpu.memory_used)} / {gib(gpu.memory_total)} GiB",
+                f"{gib(gpu.memory_free)} GiB",
                 "-" if gpu.utilization is None else f"{gpu.utilization}%",
                 _processes_text(gpu.processes),
                 gpu.uuid,
@@ -142,8 +142,8 @@ class Machine:
             for mig in gpu.mig:
                 rows.append([
                     f"  MIG {gpu.index}/{mig.index}", "", mig.name,
-                    f"{_gib(mig.memory_used)} / {_gib(mig.memory_total)} GiB",
-                    f"{_gib(mig.memory_free)} GiB", "", "", mig.uuid,
+                    f"{gib(mig.memory_used)} / {gib(mig.memory_total)} GiB",
+                    f"{gib(mig.memory_free)} GiB", "", "", mig.uuid,
                 ])
         return rows
 
@@ -178,15 +178,16 @@ def _fields_dict(obj: Any) -> dict[str, Any]:
     return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
 
-def _gib(n: int) -> str:
-    return f"{n / _GIB:.1f}"
+def gib(n: int | None) -> str:
+    """Bytes as GiB with one decimal ("?" when unknown): every GPU memory figure shown."""
+    return "?" if n is None else f"{n / _GIB:.1f}"
 
 
 def _processes_text(processes: Iterable[ProcessInfo]) -> str:
     parts = []
     for p in processes:
         who = " ".join(x for x in (p.user, p.name) if x)
-        memory = "" if p.memory is None else f" {_gib(p.memory)} GiB"
+        memory = "" if p.memory is None else f" {gib(p.memory)} GiB"
         parts.append(f"{p.pid}{' ' + who if who else ''}{memory}")
     return ", ".join(parts) or "-"
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from .report import Status
 
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-_GIB = 1024**3
 
 
 class TargetError(ValueError):
@@ -156,14 +155,14 @@ def _auto(machine: Machine) -> Choice:
 
     if idle:
         gpu = max(idle, key=free)
-        why = f"the most free memory ({gpu.memory_free / _GIB:.1f} GiB) among idle GPUs"
+        why = f"the most free memory ({devices.gib(gpu.memory_free)} GiB) among idle GPUs"
     elif idle_mig:
         gpu = max(idle_mig, key=lambda g: max(m.memory_free for m in g.mig))
         why = "no whole GPU is idle; its MIG devices are"
     else:
         gpu = max(visible, key=free)
         why = ("every GPU is busy with other processes; this one has the most free memory "
-               f"({gpu.memory_free / _GIB:.1f} GiB)")
+               f"({devices.gib(gpu.memory_free)} GiB)")
     skipped_text = f"; skipped {'; '.join(skipped)}" if skipped else ""
     return _with_mig(gpu, f"auto chose GPU {gpu.index} ({gpu.name}): {why}{skipped_text}.")
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import borrow, devices
 from . import driver as driver_probe
+from .devices import gib
 
 if TYPE_CHECKING:
     from .pinning import PinState
 
 _ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-_GIB = 1024**3
 
 _MODE_WORDS = {
     "hard": "hard: the other GPUs are hidden from this process",
@@ -77,8 +77,8 @@ class Status:
                      + f" ({self.driver_how})"))
         if self.memory is not None:
             m = self.memory
-            rows.append(("memory (NVML)", f"{m['used'] / _GIB:.1f} / {m['total'] / _GIB:.1f} GiB "
-                                          f"used, {m['free'] / _GIB:.1f} GiB free"))
+            rows.append(("memory (NVML)", f"{gib(m['used'])} / {gib(m['total'])} GiB "
+                                          f"used, {gib(m['free'])} GiB free"))
         if self.mode != "none":
             rows.append(("options", f"default device: {'yes' if self.default_device else 'no'}; "
                                     f"single-card mode requested: {'yes' if self.single_card else 'no'}"))

@@ -17,16 +17,13 @@ from typing import Any, Callable
 from IPython.display import display
 
 from . import borrow
+from .devices import gib
 
 _BAR_COLOURS = ((0.9, "#d62728"), (0.6, "#ff7f0e"), (0.0, "#2ca02c"))  # used fraction -> colour
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
 # --- small renderers (pure functions, tested directly) --------------------------------------
-
-
-def _fmt_gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f}"
 
 
 def short_uuid(uuid: str) -> str:
@@ -46,7 +43,7 @@ def memory_bar(used: int | None, total: int | None, width_px: int = 120) -> str:
         f'vertical-align:middle;border-radius:2px">'
         f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;background:{colour};'
         f'border-radius:2px"></span></span> '
-        f'<span style="font-size:11px">{_fmt_gib(used)} / {_fmt_gib(total)} GiB</span>'
+        f'<span style="font-size:11px">{gib(used)} / {gib(total)} GiB</span>'
     )
 
 
