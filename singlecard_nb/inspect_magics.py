@@ -134,7 +134,7 @@ class InspectMagics(Magics):
         if args.max_rows is not None and args.max_rows < 1:
             raise UsageError(f"%inspect: --max-rows must be a positive integer, got "
                              f"{args.max_rows}.")
-        return Inspector(model, include=_joined(args.include), exclude=_joined(args.exclude),
+        return Inspector(model, include=args.include, exclude=args.exclude,
                          every=args.every, grads=args.grads, trap=args.trap,
                          max_rows=args.max_rows)
 
@@ -171,8 +171,3 @@ class InspectMagics(Magics):
         self.inspectors.clear()
         self._events = None
 
-
-def _joined(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [part for value in values for part in value.split(",") if part.strip()]

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 from .borrow import Borrowed
-from .stats import _REDUCIBLE, VALUES, StepStats, reducible
+from .stats import VALUES, StepStats, reducible
 
 COLUMNS = (
     "step", "module", "type", "call", "io", "index", "shape", "dtype", "device",
@@ -105,11 +105,17 @@ class _StepRecord:
 
 
 def _globs(patterns: str | Sequence[str] | None) -> list[str] | None:
+    """Patterns as a list; items may be comma-separated ("0,2", ["0,2"], ["0", "2"]).
+
+    A list item "" stays: it is the root module's path.
+    """
     if patterns is None:
         return None
     if isinstance(patterns, str):
-        patterns = [p for p in patterns.split(",") if p.strip()]
-    return [p.strip() for p in patterns]
+        return [part.strip() for part in patterns.split(",") if part.strip()]
+    return [part.strip() for item in patterns
+            for part in (item.split(",") if "," in item else [item])
+            if part.strip() or "," not in item]
 
 
 def _matches(path: str, type_name: str, patterns: list[str]) -> bool:
@@ -139,7 +145,6 @@ def _walk(obj: Any, index: str = "", depth: int = 0) -> Iterator[tuple[str, torc
             yield from _walk(item, f"{index}[{key!r}]", depth + 1)
 
 
-_STRIDED = torch.strided
 _DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
@@ -470,7 +475,7 @@ class Inspector:
         shape = tuple(t.shape)
         dtype = t.dtype
         slot = None
-        if dtype in _REDUCIBLE and t.layout is _STRIDED and not t.is_nested and not t.is_meta:
+        if reducible(t):
             cached = self._seen.get(id(t))
             if cached is not None and cached[0]() is t and cached[1] == t._version:
                 slot = cached[2]  # a container's output seen again: reuse its statistics
