@@ -43,26 +43,24 @@ _REDUCIBLE = frozenset({
 })
 
 
-# small tensors are staged (copied) in the dtype their reductions use: see `_as_real`
-_STAGED_DTYPE = {torch.float64: torch.float64, torch.int64: torch.float64,
-                 torch.int32: torch.float64}
-
-
 def reducible(t: torch.Tensor) -> bool:
     """Whether statistics can be taken; sparse, quantized, nested and meta tensors cannot."""
     return (t.dtype in _REDUCIBLE and t.layout is torch.strided and not t.is_nested
             and not t.is_meta)
 
 
+def _real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The float type reductions run in: float64 keeps float64 and 32/64-bit integers (token
+    ids and counts stay exact); half, bfloat16, small ints and bool accumulate in float32."""
+    return torch.float64 if dtype in (torch.float64, torch.int32, torch.int64) else torch.float32
+
+
 def _as_real(x: torch.Tensor) -> torch.Tensor | None:
-    """A float tensor to reduce, or None when `x` already is one (float32/float64)."""
-    if x.dtype in (torch.float32, torch.float64):
-        return None
+    """A float tensor to reduce, or None when `x` already is one."""
     if x.is_complex():
         return x.abs()  # magnitudes
-    if x.dtype in (torch.int32, torch.int64):
-        return x.to(torch.float64)  # token ids and counts stay exact
-    return x.float()  # half, bfloat16, small ints, bool: accumulate in float32
+    dtype = _real_dtype(x.dtype)
+    return None if x.dtype == dtype else x.to(dtype)
 
 
 def _values_on_device(n, total, second, lo, hi, nan, inf, nonzero, exact: bool) -> torch.Tensor:
@@ -149,7 +147,7 @@ class StepStats:
             if dtype.is_complex:
                 x = x.abs()  # magnitudes
                 dtype = x.dtype
-            staged_dtype = _STAGED_DTYPE.get(dtype, torch.float32)
+            staged_dtype = _real_dtype(dtype)  # the staging copy converts
             key = (x.device, staged_dtype, shape)
             staging = self._small.get(key)
             if staging is None:
