@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from singlecard_nb import devices  # noqa: E402  (after the path is set)
+from singlecard_nb.pinning import devices  # noqa: E402  (after the path is set)
 
 results: list[tuple[str, bool, str]] = []
 
@@ -66,7 +66,7 @@ def same_uuid(a: str, b: str) -> bool:
 
 PROBE = """
     import json, sys
-    from singlecard_nb import driver
+    from singlecard_nb.pinning import driver
     before = driver.driver_state()
     import torch
     after_import = driver.driver_state()
@@ -92,8 +92,8 @@ HARD_AT_LOAD = """
     from IPython.core.interactiveshell import InteractiveShell
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "singlecard_nb")
-    from singlecard_nb import pinning
-    state = pinning.current()
+    import singlecard_nb
+    state = singlecard_nb.current()
     print(json.dumps({"mode": state.mode, "uuid": state.uuid, "count": torch.cuda.device_count(),
                       "torch_uuid": str(torch.cuda.get_device_properties(0).uuid)}))
 """
@@ -125,7 +125,7 @@ TOO_LATE = """
 
 STARTED_UNDER_PIN = """
     import json, torch, singlecard_nb
-    from singlecard_nb.pinning import TargetError
+    from singlecard_nb import TargetError
     first = singlecard_nb.pin({index})
     torch.zeros(1, device="cuda")  # CUDA starts under the hard pin
     again = singlecard_nb.pin({index})

@@ -13,22 +13,22 @@ __version__ = "0.1.0"
 
 # public name -> submodule that defines it
 _EXPORTS = {
-    "Machine": "devices",
-    "GpuInfo": "devices",
-    "gpus": "devices",
-    "pin": "pinning",
-    "release": "pinning",
-    "device": "pinning",
-    "status": "pinning",
-    "current": "pinning",
-    "TargetError": "pinning",
-    "Status": "report",
-    "single_card": "parallel",
-    "unwrap": "parallel",
-    "inspect": "inspection",
-    "Inspector": "inspection",
-    "NonFiniteError": "inspection",
-    "picker": "widgets",
+    "Machine": "pinning.devices",
+    "GpuInfo": "pinning.devices",
+    "gpus": "pinning.devices",
+    "pin": "session",
+    "release": "session",
+    "device": "session",
+    "status": "session",
+    "current": "session",
+    "TargetError": "session",
+    "single_card": "session",
+    "unwrap": "session",
+    "Status": "pinning.report",
+    "inspect": "inspection.engine",
+    "Inspector": "inspection.engine",
+    "NonFiniteError": "inspection.engine",
+    "picker": "notebook.picker",
 }
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
@@ -49,13 +49,13 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext singlecard_nb`: register the magics (and pin if SINGLECARD_NB_DEVICE is set)."""
-    from .extension import load
+    from .notebook.extension import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """`%unload_ext singlecard_nb`: give back every hook, patch, callback and variable."""
-    from .extension import unload
+    from .notebook.extension import unload
 
     unload(ipython)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from singlecard_nb import devices
-from singlecard_nb.devices import GpuInfo, Machine, MigInfo, ProcessInfo
+from singlecard_nb.pinning import devices
+from singlecard_nb.pinning.devices import GpuInfo, Machine, MigInfo, ProcessInfo
 
 MACHINES = Path(__file__).parent / "machines"
 FOUR_GPUS = MACHINES / "four_gpus.json"

@@ -13,9 +13,11 @@ from conftest import run_fresh_python
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from singlecard_nb import borrow, devices, magics, parallel, pinning, watch, widgets
-from singlecard_nb.devices import Machine
-from singlecard_nb.report import Status
+from singlecard_nb import borrow, session
+from singlecard_nb.notebook import magics, picker, watch
+from singlecard_nb.pinning import devices, pinning
+from singlecard_nb.pinning.devices import Machine
+from singlecard_nb.pinning.report import Status
 
 MACHINES = Path(__file__).parent / "machines"
 FOUR_GPUS = MACHINES / "four_gpus.json"
@@ -79,12 +81,12 @@ def test_unload_gives_everything_back(ip):
     environ_before, owners_before = dict(os.environ), borrow.active_owners()
     ip.run_line_magic("load_ext", "singlecard_nb")
     run(ip, "%singlecard 2 --default-device")
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == GPU2 and parallel.single_card()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == GPU2 and session.single_card()
     assert torch.get_default_device() == torch.device("cuda", 0)
     ip.run_line_magic("unload_ext", "singlecard_nb")
     assert dict(os.environ) == environ_before
     assert borrow.active_owners() == owners_before
-    assert pinning.current() is None and not parallel.single_card()
+    assert pinning.current() is None and not session.single_card()
     assert torch.get_default_device() == torch.device("cpu")
     assert "singlecard" not in line_magics(ip)
 
@@ -109,10 +111,10 @@ def test_each_target_form(ip, capsys, line, visible):
 
 def test_options(ip):
     run(ip, "%singlecard 0 --no-single-card")
-    assert pinning.current().single_card is False and not parallel.single_card()
+    assert pinning.current().single_card is False and not session.single_card()
     assert torch.get_default_device() == torch.device("cpu")
     run(ip, "%singlecard 0 --default-device")
-    assert parallel.single_card() and torch.get_default_device() == torch.device("cuda", 0)
+    assert session.single_card() and torch.get_default_device() == torch.device("cuda", 0)
     run(ip, "%singlecard off")
     assert torch.get_default_device() == torch.device("cpu")
 
@@ -168,7 +170,7 @@ def test_off_unpins(ip, capsys):
 
 def test_picker_is_displayed(ip, shown, monkeypatch):
     made = object()
-    monkeypatch.setattr(widgets, "picker", lambda: made)
+    monkeypatch.setattr(picker, "picker", lambda: made)
     run(ip, "%singlecard picker")
     assert shown == [made]
 
@@ -188,9 +190,9 @@ def test_single_card_switch(ip):
     assert isinstance(error, UsageError) and "nothing is pinned" in str(error)
     run(ip, "%singlecard 2 --no-single-card")
     run(ip, "%singlecard single-card on")
-    assert parallel.single_card() and pinning.current() is not None
+    assert session.single_card() and pinning.current() is not None
     run(ip, "%singlecard single-card off")
-    assert not parallel.single_card() and pinning.current() is not None
+    assert not session.single_card() and pinning.current() is not None
 
 
 def test_help_is_real(ip):

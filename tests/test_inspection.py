@@ -19,8 +19,8 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 import singlecard_nb as scn
-from singlecard_nb import stats
-from singlecard_nb.inspection import COLUMNS
+from singlecard_nb.inspection import stats
+from singlecard_nb.inspection.engine import COLUMNS
 
 
 def hooks_left(model: nn.Module) -> int:
@@ -227,7 +227,7 @@ nested = st.recursive(
 
 
 def _tensors(obj):
-    from singlecard_nb.inspection import _walk
+    from singlecard_nb.inspection.engine import _walk
 
     return [t for _, t in _walk(obj)]
 

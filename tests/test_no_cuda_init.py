@@ -59,7 +59,7 @@ class FakeLibcuda:
 libcuda = FakeLibcuda()
 
 import singlecard_nb
-from singlecard_nb import driver
+from singlecard_nb.pinning import driver
 driver._load_libcuda = lambda: libcuda
 
 from IPython.core.interactiveshell import InteractiveShell

@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from singlecard_nb import parallel
+from singlecard_nb import session
+from singlecard_nb.parallel import single_card as parallel
 
 SCRIPT = Path(__file__).resolve().parents[1] / "notebooks" / "scripts" / "multigpu_torchrun.py"
 TORCHRUN_VARS = (
@@ -410,10 +411,8 @@ def falls(losses: list[float]) -> bool:
 
 @pytest.mark.filterwarnings("ignore:singlecard_nb. init_process_group uses gloo")
 def test_torchrun_script_runs_three_times_in_one_shell_under_a_cpu_pin(shell, tmp_path):
-    from singlecard_nb import pinning
-
     before = patched_objects()
-    pinning.pin("cpu")
+    session.pin("cpu")
     try:
         runs = [run_script(shell, tmp_path, f"run{i}.pt", epochs=4) for i in range(3)]
         assert all(falls(losses) for losses in runs), runs
@@ -422,7 +421,7 @@ def test_torchrun_script_runs_three_times_in_one_shell_under_a_cpu_pin(shell, tm
         assert len(resumed) == 2 and resumed[0] < runs[0][-1]
         assert parallel.report()["groups"] == 4 and not dist.is_initialized()
     finally:
-        pinning.release()
+        session.release()
     assert all(patched_objects()[name] is before[name] for name in before)
 
 
@@ -432,7 +431,7 @@ def test_magics_run_the_script_and_off_and_unload_restore_torch(shell, tmp_path)
     shell.run_line_magic("load_ext", "singlecard_nb")
     try:
         shell.run_line_magic("singlecard", "cpu")
-        assert parallel.single_card() is True
+        assert session.single_card() is True
         for i in range(3):
             assert falls(run_script(shell, tmp_path, f"magic{i}.pt", epochs=3))
         shell.run_line_magic("singlecard", "off")
@@ -448,18 +447,16 @@ def test_magics_run_the_script_and_off_and_unload_restore_torch(shell, tmp_path)
 
 
 def test_single_card_toggles_without_unpinning():
-    from singlecard_nb import pinning
-
     with pytest.raises(ValueError, match="needs a pinned device"):
-        parallel.single_card(True)
-    pinning.pin("cpu", single_card=False)
+        session.single_card(True)
+    session.pin("cpu", single_card=False)
     try:
-        assert parallel.single_card() is False
-        assert parallel.single_card(True) is True and parallel.report()["device"] == "cpu"
-        assert parallel.single_card(False) is False
-        assert pinning.current() is not None  # still pinned
+        assert session.single_card() is False
+        assert session.single_card(True) is True and parallel.report()["device"] == "cpu"
+        assert session.single_card(False) is False
+        assert session.current() is not None  # still pinned
     finally:
-        pinning.release()
+        session.release()
 
 
 # --- on a real GPU ----------------------------------------------------------------------------

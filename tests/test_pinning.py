@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from singlecard_nb import borrow, devices, parallel, pinning
-from singlecard_nb import driver as driver_probe
-from singlecard_nb.devices import Machine
-from singlecard_nb.driver import DriverState
-from singlecard_nb.pinning import TargetError
+from singlecard_nb import borrow, session
+from singlecard_nb.parallel import single_card as parallel
+from singlecard_nb.pinning import devices, pinning
+from singlecard_nb.pinning import driver as driver_probe
+from singlecard_nb.pinning.devices import Machine
+from singlecard_nb.pinning.driver import DriverState
+from singlecard_nb.pinning.pinning import TargetError
 
 MACHINES = Path(__file__).parent / "machines"
 FOUR_GPUS = MACHINES / "four_gpus.json"
@@ -43,7 +45,7 @@ def described_machine():
     """Every test sees the 4-GPU machine and leaves nothing pinned behind."""
     devices.use_machine(load(FOUR_GPUS))
     yield
-    pinning.release()
+    session.release()
     devices.use_machine(None)
 
 
@@ -55,7 +57,7 @@ def env() -> dict[str, str]:
 def pin(target, env, **kwargs):
     kwargs.setdefault("driver", NOT_STARTED)
     kwargs.setdefault("single_card", False)
-    return pinning.pin(target, environ=env, **kwargs)
+    return session.pin(target, environ=env, **kwargs)
 
 
 # --- hard pins: every target form ------------------------------------------------------------
@@ -98,17 +100,17 @@ def test_release_restores_the_environment_exactly(env):
     before = dict(env)
     pin(3, env)
     assert env != before
-    pinning.release()
+    session.release()
     assert env == before
     assert pinning.current() is None
-    pinning.release()  # twice is harmless
+    session.release()  # twice is harmless
     assert env == before
 
 
 def test_release_removes_variables_that_did_not_exist(env):
     del env["CUDA_DEVICE_ORDER"]
     pin(0, env)
-    pinning.release()
+    session.release()
     assert env == {"HOME": "/home/me"}
 
 
@@ -119,7 +121,7 @@ def test_pinning_again_replaces_the_previous_pin(env):
     assert env["CUDA_VISIBLE_DEVICES"] == GPU2
     assert state.env_before == {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
     assert [o.name for o in borrow.active_owners()].count("singlecard pin: environment") == 1
-    pinning.release()
+    session.release()
     assert env == before
 
 
@@ -231,14 +233,14 @@ def test_too_late_gives_an_honest_soft_pin(env, torch_sees_four_gpus):
                   "restart the kernel and run `%singlecard 2`", "SINGLECARD_NB_DEVICE=2"):
         assert words in state.reason
     assert state.summary().startswith("Pinned (SOFT)") and "(hard)" not in state.summary()
-    pinning.release()
+    session.release()
     assert torch_sees_four_gpus == [2, ("restored", 2)]
 
 
 def test_soft_status_says_soft(env, torch_sees_four_gpus, monkeypatch):
     monkeypatch.setattr(driver_probe, "driver_state", lambda: STARTED)
     pin(GPU1, env, driver=None)  # asks the (patched) probe
-    status = pinning.status()
+    status = session.status()
     assert status.mode == "soft" and status.driver_started and not status.hard
     assert "SOFT" in repr(status) and "stay visible" in repr(status)
 
@@ -277,7 +279,7 @@ def test_hard_pin_survives_when_cuda_started_afterwards(env):
     assert env == pinned_env and pinning.current() is same
     cpu = pin("cpu", env, driver=STARTED)
     assert (cpu.mode, cpu.hard) == ("cpu", False) and env == pinned_env
-    pinning.release()
+    session.release()
     assert env == {"HOME": "/home/me", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
 
 
@@ -289,17 +291,17 @@ def test_set_default_device_is_restored(env):
     try:
         assert torch.get_default_device() == torch.device("cuda", 0)
     finally:
-        pinning.release()
+        session.release()
     assert torch.get_default_device() == torch.device("cpu")
 
 
 def test_single_card_mode_follows_the_pin(env):
     pin(2, env, single_card=True)
-    assert parallel.single_card() and parallel.report()["device"] == "cuda:0"
-    pinning.release()
-    assert not parallel.single_card()
+    assert session.single_card() and parallel.report()["device"] == "cuda:0"
+    session.release()
+    assert not session.single_card()
     pin(2, env, single_card=False)
-    assert not parallel.single_card()
+    assert not session.single_card()
 
 
 def test_restore_all_forgets_the_pin(env):
@@ -307,7 +309,7 @@ def test_restore_all_forgets_the_pin(env):
     pin(0, env, set_default=True, single_card=True)
     borrow.restore_all()
     assert pinning.current() is None and env == before
-    assert torch.get_default_device() == torch.device("cpu") and not parallel.single_card()
+    assert torch.get_default_device() == torch.device("cpu") and not session.single_card()
 
 
 def test_device_when_not_pinned(monkeypatch):
@@ -321,14 +323,14 @@ def test_device_when_not_pinned(monkeypatch):
 # --- status -------------------------------------------------------------------------------
 
 def test_status_when_not_pinned():
-    status = pinning.status()
+    status = session.status()
     assert status.mode == "none" and status.memory is None
     assert "not pinned" in repr(status) and "not pinned" in status._repr_html_()
 
 
 def test_status_of_a_hard_pin(env):
     pin(1, env, single_card=True)
-    status = pinning.status()
+    status = session.status()
     assert (status.mode, status.gpu_index, status.gpu_uuid, status.torch_device) == (
         "hard", 1, GPU1, "cuda:0")
     assert status.env_before == {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
@@ -346,7 +348,7 @@ def test_status_of_a_hard_pin(env):
 
 def test_status_of_a_mig_pin_reports_the_mig_memory(env):
     pin(MIG_SMALL, env)
-    status = pinning.status()
+    status = session.status()
     assert status.mig_uuid == MIG_SMALL and status.memory["total"] == 10 * 1024**3
 
 
@@ -455,7 +457,7 @@ def test_too_late_on_a_real_gpu_is_soft_and_selects_the_device():
     index, uuid = _first_gpu()
     out = _run(f"""
         import json, torch, singlecard_nb
-        from singlecard_nb import driver
+        from singlecard_nb.pinning import driver
         torch.cuda.is_available()  # starts the driver while torch stays "not initialised"
         started = driver.driver_state().started
         state = singlecard_nb.pin({index})

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import nn  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb import plots  # noqa: E402
+from singlecard_nb.inspection import plots  # noqa: E402
 
 
 class Skipper(nn.Module):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from singlecard_nb import borrow, watch
+from singlecard_nb import borrow
+from singlecard_nb.notebook import watch
 
 MIB = 2**20
 

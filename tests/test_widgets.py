@@ -13,7 +13,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb import borrow, devices, pinning, widgets
+from singlecard_nb import borrow, session
+from singlecard_nb.inspection import live
+from singlecard_nb.notebook import picker
+from singlecard_nb.pinning import devices, pinning
 
 MACHINE_FILE = Path(__file__).with_name("browser_machine.json")
 GPU2 = "GPU-c3a85d27-9f10-4e6b-a7d3-2c3d4e5f6a72"
@@ -29,7 +32,7 @@ def machine():
 def unpinned():
     before = {k: os.environ.get(k) for k in pinning.ENV_VARS}
     yield
-    pinning.release()
+    session.release()
     assert {k: os.environ.get(k) for k in pinning.ENV_VARS} == before
 
 
@@ -66,7 +69,7 @@ def test_picker_lists_gpus_mig_devices_and_the_cpu(machine):
 
 
 def test_choosing_a_gpu_and_pressing_pin_sets_cuda_visible_devices(machine):
-    panel = widgets.picker(machine)
+    panel = picker.picker(machine)
     panel.choice.value = GPU2
     panel.pin_button.click()
     assert os.environ["CUDA_VISIBLE_DEVICES"] == GPU2
@@ -86,7 +89,7 @@ def test_choosing_a_gpu_and_pressing_pin_sets_cuda_visible_devices(machine):
 
 
 def test_a_machine_without_gpus_says_why_and_offers_the_cpu():
-    panel = widgets.picker(devices.Machine.from_dict({"gpus": [], "reason": "NVML library not found"}))
+    panel = picker.picker(devices.Machine.from_dict({"gpus": [], "reason": "NVML library not found"}))
     assert "No GPUs: NVML library not found" in panel.table.value
     assert [value for _, value in panel.choice.options] == ["cpu"]
     panel.pin_button.click()
@@ -95,11 +98,11 @@ def test_a_machine_without_gpus_says_why_and_offers_the_cpu():
 
 
 def test_too_late_shows_the_whole_explanation(machine, monkeypatch):
-    from singlecard_nb import driver
+    from singlecard_nb.pinning import driver
 
     started = driver.DriverState(True, "cuDeviceGetCount succeeds: cuInit has already run")
     monkeypatch.setattr(driver, "driver_state", lambda: started)
-    panel = widgets.picker(machine)
+    panel = picker.picker(machine)
     panel.choice.value = "cpu"
     panel.pin_button.click()
     status = panel.status.value
@@ -113,7 +116,7 @@ def test_too_late_shows_the_whole_explanation(machine, monkeypatch):
 
 def test_errors_in_callbacks_are_shown_and_controls_come_back(machine, monkeypatch):
     shell = RecordingShell()
-    panel = widgets.Picker(machine=machine, shell=shell)
+    panel = picker.Picker(machine=machine, shell=shell)
 
     def broken(*args, **kwargs):
         raise RuntimeError("NVML went away")
@@ -143,7 +146,7 @@ def test_refresh_reads_again_and_keeps_the_choice(machine):
             data["gpus"][1]["processes"] = [{"pid": 1, "user": "dave"}]
         return devices.Machine.from_dict(data)
 
-    panel = widgets.Picker(reader=reader)
+    panel = picker.Picker(reader=reader)
     panel.choice.value = GPU2
     panel.refresh_button.click()
     assert len(reads) == 2
@@ -161,7 +164,7 @@ def test_auto_refresh_stops_on_close_and_on_unload(machine):
         return machine
 
     def refreshing_panel():
-        panel = widgets.Picker(reader=reader)
+        panel = picker.Picker(reader=reader)
         panel.AUTO_REFRESH_S = 0.02
         panel.auto_refresh.value = True
         deadline = time.monotonic() + 5
@@ -187,10 +190,10 @@ def test_auto_refresh_stops_on_close_and_on_unload(machine):
 
 def test_the_panel_follows_a_pin_made_in_another_cell(machine):
     shell = InteractiveShell.instance()
-    panel = widgets.Picker(machine=machine, shell=shell)
-    shell.user_ns["pinning"] = pinning
+    panel = picker.Picker(machine=machine, shell=shell)
+    shell.user_ns["session"] = session
     shell.user_ns["machine"] = machine
-    shell.run_cell(f"pinning.pin({GPU2!r}, machine=machine)").raise_error()
+    shell.run_cell(f"session.pin({GPU2!r}, machine=machine)").raise_error()
     assert "GPU 2" in panel.header.value and "● pinned" in panel.table.value
     callbacks = list(shell.events.callbacks["post_run_cell"])
     panel.close()
@@ -198,7 +201,7 @@ def test_the_panel_follows_a_pin_made_in_another_cell(machine):
 
 
 def test_live_view_in_a_script_prints_the_final_table(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "_current_shell", lambda: None)
+    monkeypatch.setattr(live, "_current_shell", lambda: None)
     model = _model()
     with scn.inspect(model) as insp:
         insp.live()
@@ -209,10 +212,10 @@ def test_live_view_in_a_script_prints_the_final_table(monkeypatch, capsys):
 
 
 def test_helpers():
-    assert widgets.short_uuid("GPU-2f6d2c1a-8a1e-4b8e") == "GPU-2f6d2c1a"
-    assert "width:50.0%" in widgets.memory_bar(40, 80)
-    assert widgets.sparkline([0, 1, 2, float("nan"), float("inf")]) == "▁▅█·!"
-    assert widgets.sparkline([3, 3]) == "▁▁"
+    assert picker.short_uuid("GPU-2f6d2c1a-8a1e-4b8e") == "GPU-2f6d2c1a"
+    assert "width:50.0%" in picker.memory_bar(40, 80)
+    assert live.sparkline([0, 1, 2, float("nan"), float("inf")]) == "▁▅█·!"
+    assert live.sparkline([3, 3]) == "▁▁"
 
 
 # --- live view ------------------------------------------------------------------------------
@@ -239,7 +242,7 @@ def shown(monkeypatch):
         handles.append(FakeHandle(obj))
         return handles[-1]
 
-    monkeypatch.setattr(widgets, "display", fake_display)
+    monkeypatch.setattr(live, "display", fake_display)
     return handles
 
 
@@ -251,7 +254,7 @@ def _model():
 def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
     model = _model()
     with scn.inspect(model) as insp:
-        widgets.live_view(insp, max_rate=4.0)
+        live.live_view(insp, max_rate=4.0)
         started = time.perf_counter()
         for step in range(60):
             x = torch.randn(5, 8)
@@ -277,7 +280,7 @@ def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
 def test_live_view_highlights_nan_modules(shown):
     model = _model()
     insp = scn.inspect(model)
-    widgets.live_view(insp)
+    live.live_view(insp)
     model(torch.randn(5, 8))
     with torch.no_grad():
         model[2].weight[0, 0] = float("nan")

@@ -1,10 +1,13 @@
-"""Pin this process to one GPU: `pin()`, `release()`, `current()`, `device()`, `status()`.
+"""Pin this process to one GPU: `pin()`, `release()`, `current()`, `device()`.
 
 A *hard* pin sets CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES=<UUID> before the CUDA
 driver starts, so the process sees exactly one GPU, `cuda:0`. Once the driver has started that
 variable is ignored ("too late"); then the pin is *soft*: the matching torch device becomes the
 current one, and the other GPUs stay visible. Every change goes through `borrow.Borrowed` owners
 so `release()` (and `%unload_ext`) put back exactly what was there.
+
+This module owns the pin and nothing else: single-card mode and the status display are tied to
+it by `singlecard_nb.session`, which is what `singlecard_nb.pin()` and `%singlecard` call.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import borrow, devices
+from .. import borrow
+from . import devices
 from . import driver as driver_probe
 from .devices import GpuInfo, Machine, MigInfo
 from .driver import DriverState
 
 if TYPE_CHECKING:
     import torch
-
-    from .report import Status
 
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
@@ -44,7 +46,7 @@ class PinState:
     env_before: dict[str, str | None] = field(default_factory=dict)
     env_after: dict[str, str | None] = field(default_factory=dict)
     default_device: bool = False
-    single_card: bool = True
+    single_card: bool = True  # whether single-card mode was asked for (set by session.pin)
     driver: DriverState | None = None
 
     @property
@@ -306,7 +308,6 @@ def pin(
     target: str | int,
     *,
     set_default: bool = False,
-    single_card: bool = True,
     environ: MutableMapping[str, str] | None = None,
     machine: Machine | None = None,
     driver: DriverState | None = None,
@@ -315,7 +316,6 @@ def pin(
 
     target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
     set_default: also make the device torch's default device (restored on release).
-    single_card: run DataParallel/DDP code single-card on this device (`parallel.enable`).
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
     """
     global _state, _env_owner, _torch_owner, _environ
@@ -401,11 +401,9 @@ def pin(
         state = PinState(
             mode=mode, target=text, gpu=choice.gpu, mig=choice.mig, torch_device=device,
             reason=reason, hard=hard, env_before=env_before, env_after=_env_values(environ),
-            default_device=set_default, single_card=single_card, driver=driver,
+            default_device=set_default, driver=driver,
         )
         _state, _env_owner, _torch_owner, _environ = state, env_owner, torch_owner, environ
-        if single_card:
-            _parallel_enable(device)
         committed = True
     finally:
         if not committed:
@@ -416,28 +414,17 @@ def pin(
     return state
 
 
-def _parallel_enable(device: torch.device) -> None:
-    from . import parallel
-
-    parallel.enable(device)
-
-
 def release() -> None:
-    """Undo the pin: single-card mode off, torch defaults and environment variables restored."""
+    """Undo the pin: torch defaults and environment variables restored."""
     global _state, _env_owner, _torch_owner, _environ
     env_owner, torch_owner = _env_owner, _torch_owner
     _state = _env_owner = _torch_owner = _environ = None
     try:
-        from . import parallel
-
-        parallel.disable()  # idempotent: also ends a `single-card on` without a pin
+        if torch_owner is not None:
+            torch_owner.restore()
     finally:
-        try:
-            if torch_owner is not None:
-                torch_owner.restore()
-        finally:
-            if env_owner is not None:
-                env_owner.restore()
+        if env_owner is not None:
+            env_owner.restore()
 
 
 def current() -> PinState | None:
@@ -455,8 +442,6 @@ def device() -> torch.device:
     return torch.device("cuda" if visible and torch.backends.cuda.is_built() else "cpu")
 
 
-def status() -> Status:
-    """What is pinned, how, and what else singlecard_nb has active. Never starts CUDA."""
-    from .report import build_status
-
-    return build_status(_state, _environ if _environ is not None else os.environ)
+def pinned_environ() -> MutableMapping[str, str]:
+    """The environment the pin changed (os.environ when nothing is pinned)."""
+    return _environ if _environ is not None else os.environ

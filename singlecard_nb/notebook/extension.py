@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import borrow
+from .. import borrow
 
 # shell -> the Magics instances registered on it, so unload removes exactly those
 _registered: dict[int, list[Any]] = {}

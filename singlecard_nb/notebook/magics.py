@@ -1,6 +1,6 @@
 """`%singlecard`: pin the kernel to one GPU, show status, list GPUs, and switch the helpers.
 
-Only parses, calls the core (`pinning`, `devices`, `parallel`, `watch`, `widgets`) and renders.
+Only parses, calls the core (`session`, `devices`) or the notebook views and renders.
 Core errors (`ValueError`, e.g. `pinning.TargetError`) become `UsageError`: a red one-line
 message naming the bad value and what is accepted, no traceback, nothing changed.
 """
@@ -15,8 +15,9 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from . import devices, pinning
-from . import driver as driver_probe
+from .. import session
+from ..pinning import devices
+from ..pinning import driver as driver_probe
 
 _SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card")
 _ACCEPTED = ("a TARGET (a GPU index as nvidia-smi numbers them, a GPU or MIG UUID or unique "
@@ -73,11 +74,11 @@ class SingleCardMagics(Magics):
         if command == "off":
             self._off()
         elif command == "status":
-            display(pinning.status())
+            display(session.status())
         elif command == "list":
             display(devices.read_machine())
         elif command == "picker":
-            from .widgets import picker
+            from .picker import picker
 
             display(picker())
         elif command == "watch":
@@ -94,14 +95,14 @@ class SingleCardMagics(Magics):
             raise UsageError(f"%singlecard: {' '.join(words)!r} names more than one device; "
                              f"give one TARGET. Accepted: {_ACCEPTED}")
         try:
-            state = pinning.pin(words[0], set_default=default_device, single_card=single_card)
+            state = session.pin(words[0], set_default=default_device, single_card=single_card)
         except ValueError as e:
             raise UsageError(f"%singlecard {words[0]}: {e}") from None
         print(state.summary())
 
     def _off(self) -> None:
-        state = pinning.current()
-        pinning.release()
+        state = session.current()
+        session.release()
         if state is None:
             print("Nothing was pinned.")
             return
@@ -126,10 +127,8 @@ class SingleCardMagics(Magics):
         if len(rest) != 1:
             raise UsageError(f"%singlecard single-card: expected 'on' or 'off', got {' '.join(rest)!r}")
         on = _on_off(rest[0], "single-card")
-        from . import parallel
-
         try:
-            enabled = parallel.single_card(on)
+            enabled = session.single_card(on)
         except ValueError as e:
             raise UsageError(f"%singlecard single-card {rest[0]}: {e}") from None
         print(f"Single-card mode is {'on' if enabled else 'off'}.")
@@ -142,7 +141,7 @@ def pin_at_load(shell: Any, target: str) -> None:
     the extension half-loaded and hide the message, so errors are printed and loading goes on.
     """
     try:
-        state = pinning.pin(target)
+        state = session.pin(target)
     except ValueError as e:
         print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned: {e}. The "
               "extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from IPython.display import display
 
-from . import borrow
+from .. import borrow
 
 _PROC_STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -150,9 +150,9 @@ def _torch_cuda_started() -> bool:
 
 def _pinned_device() -> Any:
     """The pinned torch.device, or None when nothing is pinned."""
-    from . import pinning
+    from .. import session
 
-    state = pinning.current()
+    state = session.current()
     return None if state is None else state.torch_device
 
 

@@ -1,19 +1,19 @@
 """`Status`: what `%singlecard status` / `singlecard_nb.status()` shows.
 
-Built from the pin state, a fresh NVML read (memory) and the driver probe; building or rendering
-it never starts the CUDA driver (no torch.cuda query, and `parallel` is only asked if loaded).
+Built from the pin state, a fresh NVML read (memory) and the driver probe; what single-card mode
+and the borrowed-state owners are doing is handed in by `session.status()`. Building or rendering
+it never starts the CUDA driver (no torch.cuda query).
 """
 
 from __future__ import annotations
 
 import html
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import borrow, devices
+from . import devices
 from . import driver as driver_probe
 from .devices import gib
 
@@ -129,15 +129,21 @@ def _memory(state: PinState, environ: Mapping[str, str]) -> dict[str, int] | Non
     return None
 
 
-def build_status(state: PinState | None, environ: Mapping[str, str] | None = None) -> Status:
-    """A `Status` for `state` (None: not pinned) and the environment `environ`."""
+def build_status(
+    state: PinState | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    active: list[tuple[str, list[str]]] | None = None,
+    parallel: dict[str, Any] | None = None,
+) -> Status:
+    """A `Status` for `state` (None: not pinned) and the environment `environ`.
+
+    active: (owner, change labels) of everything borrowed. parallel: single-card mode's report.
+    """
     environ = os.environ if environ is None else environ
     now = {name: environ.get(name) for name in _ENV_VARS}
     driver = driver_probe.driver_state()
-    # Only ask single-card mode if its module is loaded: importing it just to say "off" is waste.
-    parallel_module = sys.modules.get(f"{__package__}.parallel")
-    parallel = parallel_module.report() if parallel_module is not None else None
-    active = [(owner.name, owner.describe()) for owner in borrow.active_owners()]
+    active = active or []
     if state is None:
         return Status(
             mode="none", target=None, gpu_index=None, gpu_name=None, gpu_uuid=None,

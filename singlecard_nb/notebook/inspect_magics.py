@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .borrow import Borrowed
+from ..borrow import Borrowed
 
 _ACTIONS = ("off", "show")
 
@@ -127,7 +127,7 @@ class InspectMagics(Magics):
         return value
 
     def _make(self, model, args):
-        from .inspection import Inspector
+        from ..inspection.engine import Inspector
 
         if args.every < 1:
             raise UsageError(f"%inspect: --every must be a positive integer, got {args.every}.")

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
-from .borrow import Borrowed
+from ..borrow import Borrowed
 from .stats import VALUES, StepStats, reducible
 
 COLUMNS = (
@@ -325,7 +325,7 @@ class Inspector:
 
     def live(self):
         """Display a view of the latest step that updates in place while training runs."""
-        from .widgets import live_view
+        from .live import live_view
 
         return live_view(self)
 

@@ -1,6 +1,6 @@
 """Single-card mode: code written for several GPUs runs unchanged on the one pinned device.
 
-While single-card mode is on (`enable(device)`, called by `pinning.pin`):
+While single-card mode is on (`enable(device)`, called by `session.pin` with the pinned device):
 
 - `nn.DataParallel` runs its module on the pinned device in the calling thread: no replicas, no
   scatter/gather threads. The class itself is kept (its `__init__` and `forward` are patched), so
@@ -36,9 +36,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
-from .borrow import Borrowed
+from ..borrow import Borrowed
 
-__all__ = ["enable", "disable", "single_card", "unwrap", "report"]
+__all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
 # What torchrun would export for a one-process job; provided only where the variable is unset.
 TORCHRUN_ENV = {
@@ -113,39 +113,20 @@ def _forget(owner: Borrowed) -> None:
         dist.destroy_process_group()
 
 
-def single_card(on: bool | None = None) -> bool:
-    """Turn single-card mode on or off without unpinning; with no argument, just report it.
-
-    on: True needs a pinned device (`%singlecard 1`, `singlecard_nb.pin(...)`); None only asks.
-    Returns whether single-card mode is on.
-    """
-    if on is None:
-        return _state.owner is not None
-    if not on:
-        disable()
-        return False
-    if _state.owner is None:
-        from . import pinning  # lazy: pinning imports this module
-
-        pin = pinning.current()
-        if pin is None:
-            raise ValueError(
-                "single_card(True) needs a pinned device, and nothing is pinned. Pin first with "
-                "`%singlecard 1` (a GPU index), `%singlecard auto` or `%singlecard cpu` "
-                "(in code: `singlecard_nb.pin('cpu')`); pinning turns single-card mode on."
-            )
-        enable(pin.torch_device)
-    return True
+def enabled() -> bool:
+    """Whether single-card mode is on."""
+    return _state.owner is not None
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside DataParallel / DDP wrappers (nested too), moved to the pinned device.
+def unwrap(model: nn.Module, device: torch.device | None = None) -> nn.Module:
+    """The module inside DataParallel / DDP wrappers (nested too), moved to `device`.
 
-    Works for wrappers built before pinning; with nothing pinned the module stays where it is.
+    device: where the module goes (default: single-card mode's device; None leaves it in place).
+    Works for wrappers built before single-card mode.
     """
     while isinstance(model, (nn.DataParallel, DistributedDataParallel)):
         model = model.module
-    device = _pinned_device()
+    device = _state.device if device is None else device
     if device is not None:
         model.to(device)
     return model
@@ -467,15 +448,6 @@ def _normalise(device: torch.device | str) -> torch.device:
         # Asking torch for the current device would start CUDA; the pin is always explicit.
         device = torch.device("cuda", 0)
     return device
-
-
-def _pinned_device() -> torch.device | None:
-    if _state.device is not None:
-        return _state.device
-    from . import pinning
-
-    pin = pinning.current()
-    return None if pin is None else pin.torch_device
 
 
 def _default_group() -> Any:

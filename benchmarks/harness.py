@@ -1,0 +1,472 @@
+"""Timing harness of the benchmark: reference hooks, variants timed round-robin, extras.
+
+Variants of one model are timed round-robin: every repetition runs each variant once, in an
+order rotated by one each repetition, so that drift and noise from other processes spread over
+all variants alike. Every variant runs on its own deep copy of the model (same weights), so an
+inspector can stay attached across iterations without touching the bare runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import os
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import models as bench_models
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------------------------
+# reference hooks: the floor (one read of every output) and a naive .item()-per-statistic hook
+# --------------------------------------------------------------------------------------------
+
+
+def _tensors(obj: Any):
+    """Tensors inside a module output (tensor, tuple/list, dict), depth first."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+class HookSet:
+    """A forward hook on every module; ``start``/``stop``/context manager like an inspector."""
+
+    def __init__(self, model: nn.Module, fn: Callable[[torch.Tensor], Any]) -> None:
+        self.model, self.fn, self.handles, self.kept = model, fn, [], []
+
+    def _hook(self, module, args, out):
+        with torch.no_grad():
+            for t in _tensors(out):
+                self.kept.append(self.fn(t.detach()))
+
+    def _root_pre(self, module, args):
+        self.kept.clear()  # one step's results kept, as an engine would hold them until flushed
+
+    def start(self) -> HookSet:
+        self.handles.append(self.model.register_forward_pre_hook(self._root_pre))
+        self.handles += [m.register_forward_hook(self._hook) for m in self.model.modules()]
+        return self
+
+    def stop(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.kept.clear()
+
+    def __enter__(self) -> HookSet:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def floor_stat(t: torch.Tensor) -> torch.Tensor:
+    """The floor: one reduction that reads every element once, kept on the device."""
+    return t.sum()
+
+
+def naive_stats(t: torch.Tensor) -> tuple:
+    """Naive: every statistic moved to the host on its own (one .item() each)."""
+    if not t.is_floating_point():
+        t = t.float()
+    n = t.numel()
+    return (
+        t.mean().item(),
+        t.std().item() if n > 1 else 0.0,
+        t.min().item(),
+        t.max().item(),
+        t.abs().max().item(),
+        t.isnan().sum().item(),
+        t.isinf().sum().item(),
+        (t == 0).sum().item() / n,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# timing harness
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    key: str
+    label: str
+    kind: str  # "fwd" | "train"
+    make: Callable[[contextlib.ExitStack], Callable[[], float]]  # setup -> one timed sample
+    reps: int | None = None  # None: the model's repetitions
+    warmup: int | None = None
+    note: str = ""
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+    sample: Callable[[], float] | None = None
+    parked: dict = field(default_factory=dict)  # this variant's global module hooks, parked
+    inspector: Any = None
+
+
+# Global module hooks (nn.modules.module.register_module_forward_hook & co.) fire for *every*
+# module in the process.  An engine that installs one while recording would also slow the
+# other variants' models, which run between its samples.  The harness parks each variant's
+# global hooks between its samples, so that every variant pays only for its own hooks.
+_GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_hooks_always_called",
+                      "_global_forward_hooks_with_kwargs", "_global_forward_pre_hooks",
+                      "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _global_dicts() -> dict[str, dict]:
+    mod = nn.modules.module
+    return {n: d for n in _GLOBAL_HOOK_DICTS if isinstance(d := getattr(mod, n, None), dict)}
+
+
+class Parking:
+    def __init__(self) -> None:
+        self.baseline = {n: set(d) for n, d in _global_dicts().items()}
+        self.seen = 0  # largest number of global hooks one variant held
+
+    def unpark(self, v: Variant) -> None:
+        for n, d in _global_dicts().items():
+            d.update(v.parked.get(n, {}))
+
+    def park(self, v: Variant) -> None:
+        v.parked = {}
+        for n, d in _global_dicts().items():
+            new = {k: d[k] for k in list(d) if k not in self.baseline[n]}
+            for k in new:
+                del d[k]
+            v.parked[n] = new
+        self.seen = max(self.seen, len(v.parked.get("_global_forward_hooks", {})))
+
+
+GC_OFF = False  # bench.py --gc-off: timeit-style, garbage collection off during a sample
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    # By default the collector stays on: an engine that allocates Python objects per row pays
+    # for the collections it causes, as it would in a training loop.  gc.collect() runs,
+    # untimed, at the start of every repetition, so one variant's garbage does not land on
+    # another's samples.
+    gc_was = gc.isenabled()
+    if GC_OFF:
+        gc.disable()
+    try:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _step_of(insp: Any) -> Callable[[], Any]:
+    step = getattr(insp, "step", None)
+    return step if callable(step) else (lambda: None)
+
+
+def _loss(out: Any) -> torch.Tensor:
+    t = next(_tensors(out))
+    return t.float().square().mean()
+
+
+def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callable, args) -> list:
+    quick = args.quick
+
+    def copy_model() -> nn.Module:
+        return copy.deepcopy(model)
+
+    def attached_copy(stack: contextlib.ExitStack, attach, make) -> tuple[nn.Module, Callable]:
+        """A fresh copy of the model, with `attach(copy)` entered on `stack` when given."""
+        m = copy_model()
+        if attach is None:
+            return m, lambda: None
+        insp = stack.enter_context(attach(m))
+        make.inspector = insp  # the harness reads the steps it recorded
+        return m, _step_of(insp)
+
+    def fwd(attach: Callable[[nn.Module], Any] | None, block: int = 1):
+        def make(stack: contextlib.ExitStack) -> Callable[[], float]:
+            m, step = attached_copy(stack, attach, make)
+
+            def once():
+                m(x)
+                step()
+
+            def run():
+                out = m(x)
+                step()
+                return out
+
+            if block == 1:
+                return lambda: _timed(run)
+
+            def blocked():  # mean of `block` consecutive steps: exactly one is recorded
+                return _timed(lambda: [once() for _ in range(block)]) / block
+
+            return blocked
+
+        return make
+
+    def train(attach: Callable[[nn.Module], Any] | None):
+        def make(stack: contextlib.ExitStack) -> Callable[[], float]:
+            m, step = attached_copy(stack, attach, make)
+            opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+
+            def run():
+                opt.zero_grad(set_to_none=True)
+                loss = _loss(m(x))
+                loss.backward()
+                opt.step()
+                step()
+
+            return lambda: _timed(run)
+
+        return make
+
+    def torchinfo_make(stack):
+        import torchinfo
+
+        m = copy_model()
+        return lambda: _timed(lambda: torchinfo.summary(m, input_data=x, verbose=0))
+
+    def torchlens_make(stack):
+        import torchlens
+        from torchlens.options import CaptureOptions
+
+        m = copy_model()
+        opts = CaptureOptions(unwrap_when_done=True)
+
+        def run():
+            tr = torchlens.trace(m, x, capture=opts)
+            del tr
+
+        return lambda: _timed(run)
+
+    engine_label = "inspect"
+    v = [
+        Variant("bare", "bare forward", "fwd", fwd(None)),
+        Variant("floor", "floor: x.sum() per output", "fwd",
+                fwd(lambda m: HookSet(m, floor_stat))),
+        Variant("naive", "naive hook: 8×.item()", "fwd", fwd(lambda m: HookSet(m, naive_stats))),
+        Variant("full", f"{engine_label}(model)", "fwd", fwd(lambda m: engine(m))),
+        Variant("every10", f"{engine_label}(model, every=10)", "fwd",
+                fwd(lambda m: engine(m, every=10), block=10), note="mean of 10 steps per sample"),
+        Variant("torchinfo", "torchinfo.summary", "fwd", torchinfo_make,
+                note="own forward, eval()+no_grad"),
+        Variant("torchlens", "torchlens.trace (log_forward_pass)", "fwd", torchlens_make),
+        Variant("train", "bare training step", "train", train(None)),
+        Variant("train_full", f"train + {engine_label}(model)", "train",
+                train(lambda m: engine(m)), note="forward statistics in a training step"),
+        Variant("train_grads", f"train + {engine_label}(model, grads=True)", "train",
+                train(lambda m: engine(m, grads=True)),
+                note="+ output and parameter gradients: about twice the tensors"),
+    ]
+    tl = next(x for x in v if x.key == "torchlens")
+    if quick:  # one block of 10 steps (its first step is the recorded one), no warm-up
+        ev = next(x for x in v if x.key == "every10")
+        ev.reps, ev.warmup, ev.note = 1, 0, "1 block of 10 steps"
+    if quick:  # a few seconds per call on the transformer
+        tl.reps, tl.warmup = (1, 0) if name == "resnet" else (0, 0)
+        tl.note = "1 rep, no warm-up" if name == "resnet" else "skipped in --quick"
+    elif name == "mlp5000":  # ~15 s per call on this model
+        tl.reps, tl.warmup, tl.note = 2, 0, "~15 s/call: 2 reps, no warm-up"
+    else:
+        tl.reps, tl.warmup, tl.note = 5, 1, "slow: 5 reps"
+    if args.skip:
+        v = [x for x in v if x.key not in args.skip]
+    return v
+
+
+REPS = {"resnet": 30, "transformer": 15, "mlp5000": 20}
+
+
+def run_model(name: str, engine: Callable, args) -> tuple[list[Variant], dict]:
+    torch.manual_seed(0)
+    model, x = bench_models.MODELS[name]()
+    variants = build_variants(name, model, x, engine, args)
+    reps = args.reps or (2 if args.quick else REPS[name])
+    warm = 1 if args.quick else 2
+    extra: dict = {}
+    parking = Parking()
+    with contextlib.ExitStack() as stack:
+        for v in variants:
+            try:
+                v.sample = v.make(stack)
+                v.inspector = getattr(v.make, "inspector", None)
+            except Exception as e:  # noqa: BLE001 - report, keep benchmarking the rest
+                v.error = f"{type(e).__name__}: {e}"
+            parking.park(v)
+        for v in variants:  # warm-up, in order
+            for _ in range(warm if v.warmup is None else v.warmup):
+                _sample(v, parking, record=False)
+        n_max = max([reps] + [v.reps or 0 for v in variants])
+        for r in range(n_max):
+            gc.collect()
+            active = [v for v in variants if r < (reps if v.reps is None else v.reps)]
+            k = r % len(active) if active else 0
+            for v in active[k:] + active[:k]:  # rotated round-robin
+                _sample(v, parking, record=True)
+            if args.verbose:
+                print(f"  {name} rep {r + 1}/{n_max}", file=sys.stderr, flush=True)
+        for v in variants:
+            v.parked = {}  # parked hooks are not in the global dicts; stop() finds none
+    # the stack is closed: inspectors are stopped and have moved their last step to the host
+    extra["global_hooks"] = parking.seen
+    for v in variants:  # what the engine says it recorded (sanity check of the timing)
+        insp = v.inspector
+        recorded = getattr(insp, "steps_recorded", None)
+        if not isinstance(recorded, int):
+            continue
+        calls = (len(v.times) + (warm if v.warmup is None else v.warmup))
+        calls *= 10 if v.key == "every10" else 1
+        errs = getattr(insp, "errors", None)
+        extra.setdefault("steps", []).append(
+            f"{name}/{v.key}: {calls} steps run, {recorded} recorded"
+            + (f"; {len(errs)} inspector errors, first: {errs[0]}" if errs else ""))
+    return variants, extra
+
+
+def _sample(v: Variant, parking: Parking, record: bool) -> None:
+    if v.error or v.sample is None:
+        return
+    parking.unpark(v)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dt = v.sample()
+    except Exception as e:  # noqa: BLE001
+        v.error = f"{type(e).__name__}: {e}"
+        return
+    finally:
+        parking.park(v)
+    if record:
+        v.times.append(dt)
+
+
+# --------------------------------------------------------------------------------------------
+# extra measurements: import time, attach+detach, reductions
+# --------------------------------------------------------------------------------------------
+
+IMPORTS = {
+    "import torch": "import torch",
+    "import singlecard_nb": "import singlecard_nb",
+    "import singlecard_nb; singlecard_nb.inspect": "import singlecard_nb; singlecard_nb.inspect",
+}
+
+
+def import_times(n: int) -> dict[str, list[float]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out: dict[str, list[float]] = {k: [] for k in IMPORTS}
+    keys = list(IMPORTS)
+    for r in range(n):
+        k = r % len(keys)
+        for key in keys[k:] + keys[:k]:
+            code = ("import time; t0 = time.perf_counter(); " + IMPORTS[key]
+                    + "; print(time.perf_counter() - t0)")
+            p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+            if p.returncode == 0:
+                out[key].append(float(p.stdout.strip().splitlines()[-1]))
+            else:
+                out[key] = []
+                out[key + " error"] = p.stderr.strip().splitlines()[-1:]  # type: ignore[assignment]
+    return out
+
+
+def attach_detach(engine: Callable, n: int) -> tuple[list[float], list[float]]:
+    torch.manual_seed(0)
+    model, _ = bench_models.mlp5000()
+    att, det = [], []
+    for i in range(n + 1):
+        gc.collect()
+        t0 = time.perf_counter()
+        insp = engine(model)
+        insp.start()
+        t1 = time.perf_counter()
+        insp.stop()
+        t2 = time.perf_counter()
+        if i:  # first one is the warm-up
+            att.append(t1 - t0)
+            det.append(t2 - t1)
+    return att, det
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor], Any]] = {
+    "sum": lambda t: t.sum(),
+    "aminmax": lambda t: torch.aminmax(t),
+    "std_mean": lambda t: torch.std_mean(t),
+    "var_mean": lambda t: torch.var_mean(t),
+    "linalg.vector_norm": lambda t: torch.linalg.vector_norm(t),
+    "count_nonzero": lambda t: torch.count_nonzero(t),
+    "(x==0).sum()": lambda t: (t == 0).sum(),
+    "isnan().sum()": lambda t: t.isnan().sum(),
+    "isinf().sum()": lambda t: t.isinf().sum(),
+    "abs().amax()": lambda t: t.abs().amax(),
+    "amin() + amax()": lambda t: (t.amin(), t.amax()),
+    "dot(x, x) (sum of squares)": lambda t: torch.dot(t.reshape(-1), t.reshape(-1)),
+    "dot(sign(x), sign(x)) (nonzeros)": lambda t: (lambda s: torch.dot(s, s))(t.reshape(-1).sign()),
+    "stack 5 scalars": None,  # filled per tensor below
+}
+
+
+def typical_activations() -> dict[str, dict[str, torch.Tensor]]:
+    """Per model: the output of median size ("typical") and the largest output of a forward."""
+    acts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, make in bench_models.MODELS.items():
+        torch.manual_seed(0)
+        model, x = make()
+        seen: list[torch.Tensor] = []
+        def keep(mod, a, o, seen=seen):
+            seen.extend(t.detach().clone() for t in _tensors(o))
+
+        hs = [m.register_forward_hook(keep) for m in model.modules()]
+        with torch.no_grad():
+            model(x)
+        for h in hs:
+            h.remove()
+        seen = [t for t in seen if t.is_floating_point() and t.numel() > 0]
+        seen.sort(key=lambda t: t.numel())
+        acts[name] = {"typical": seen[len(seen) // 2], "largest": seen[-1]}
+    return acts
+
+
+def time_reductions(quick: bool) -> tuple[dict, dict]:
+    acts = typical_activations()
+    res: dict[tuple[str, str], dict[str, float]] = {}
+    for name, d in acts.items():
+        for which, t in d.items():
+            scalars = [t.sum() for _ in range(5)]
+            per: dict[str, float] = {}
+            for op, fn in REDUCTIONS.items():
+                f = fn if fn is not None else (lambda _t, s=scalars: torch.stack(s))
+                with torch.no_grad():
+                    f(t)
+                    t0 = time.perf_counter()
+                    f(t)
+                    once = time.perf_counter() - t0
+                    # short samples, best of many: a scheduler stall (other processes on a
+                    # 2-core machine stall a 2-thread op by a whole time slice) spoils one
+                    # sample, not the estimate
+                    inner = max(1, min(500, int((0.0005 if quick else 0.002) / max(once, 1e-7))))
+                    samples = []
+                    for _ in range(3 if quick else 15):
+                        t0 = time.perf_counter()
+                        for _ in range(inner):
+                            f(t)
+                        samples.append((time.perf_counter() - t0) / inner)
+                per[op] = min(samples)
+            res[(name, which)] = per
+    shapes = {(n, w): tuple(t.shape) for n, d in acts.items() for w, t in d.items()}
+    return res, shapes

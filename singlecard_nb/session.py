@@ -1,0 +1,122 @@
+"""The one place that ties the wings: a pin, the single-card mode that follows it, and status.
+
+`singlecard_nb.pin()`, `%singlecard` and the device picker all pin through here, so pinning and
+single-card mode always agree. The pin wing (`pin/`) knows nothing of single-card mode, and
+single-card mode (`single_card/`) is told its device rather than asking the pin. Single-card
+mode is imported only when first needed: `%load_ext` and `status()` stay free of torch.distributed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from . import borrow
+from .pinning import pinning, report
+from .pinning.devices import Machine
+from .pinning.driver import DriverState
+from .pinning.pinning import PinState, TargetError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["pin", "release", "current", "device", "status", "single_card", "unwrap",
+           "TargetError"]
+
+_SINGLE_CARD = f"{__package__}.parallel.single_card"
+
+current = pinning.current
+device = pinning.device
+
+
+def _parallel() -> Any:
+    from .parallel import single_card as parallel
+
+    return parallel
+
+
+def pin(
+    target: str | int,
+    *,
+    set_default: bool = False,
+    single_card: bool = True,
+    environ: MutableMapping[str, str] | None = None,
+    machine: Machine | None = None,
+    driver: DriverState | None = None,
+) -> PinState:
+    """Pin this process to one device; raises `TargetError` on bad input, changing nothing.
+
+    target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
+    set_default: also make the device torch's default device (restored on release).
+    single_card: run DataParallel/DDP code single-card on this device.
+    environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
+    """
+    state = pinning.pin(target, set_default=set_default, environ=environ, machine=machine,
+                        driver=driver)
+    state.single_card = single_card
+    committed = False
+    try:
+        if single_card:
+            _parallel().enable(state.torch_device)  # switches device if it was on already
+        elif _SINGLE_CARD in sys.modules:
+            _parallel().disable()
+        committed = True
+    finally:
+        if not committed:  # half a pin is worse than none
+            release()
+    return state
+
+
+def release() -> None:
+    """Undo the pin: single-card mode off, torch defaults and environment variables restored."""
+    try:
+        if _SINGLE_CARD in sys.modules:
+            _parallel().disable()  # idempotent: also ends a `single-card on` without a pin
+    finally:
+        pinning.release()
+
+
+def single_card(on: bool | None = None) -> bool:
+    """Turn single-card mode on or off without unpinning; with no argument, just report it.
+
+    on: True needs a pinned device (`%singlecard 1`, `singlecard_nb.pin(...)`); None only asks.
+    Returns whether single-card mode is on.
+    """
+    if on is None:
+        return _SINGLE_CARD in sys.modules and _parallel().enabled()
+    if not on:
+        if _SINGLE_CARD in sys.modules:
+            _parallel().disable()
+        return False
+    parallel = _parallel()
+    if not parallel.enabled():
+        state = pinning.current()
+        if state is None:
+            raise ValueError(
+                "single_card(True) needs a pinned device, and nothing is pinned. Pin first with "
+                "`%singlecard 1` (a GPU index), `%singlecard auto` or `%singlecard cpu` "
+                "(in code: `singlecard_nb.pin('cpu')`); pinning turns single-card mode on."
+            )
+        parallel.enable(state.torch_device)
+    return True
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DataParallel / DDP wrappers (nested too), moved to the pinned device.
+
+    Works for wrappers built before pinning; with nothing pinned the module stays where it is.
+    """
+    state = pinning.current()
+    target: torch.device | None = None if state is None else state.torch_device
+    return _parallel().unwrap(model, target)
+
+
+def status() -> report.Status:
+    """What is pinned, how, and what else singlecard_nb has active. Never starts CUDA."""
+    # Single-card mode is only asked if loaded: importing it just to say "off" is waste.
+    parallel = _parallel().report() if _SINGLE_CARD in sys.modules else None
+    active = [(owner.name, owner.describe()) for owner in borrow.active_owners()]
+    return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
+                               parallel=parallel)

@@ -1,0 +1,146 @@
+"""The folder layout is the architecture: imports run one way, and no wing imports another.
+
+notebook/  ->  session  ->  wings (pinning/, parallel/, inspection/)  ->  borrow
+Every import counts, also the ones inside functions (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import types
+from pathlib import Path
+
+import pytest
+
+import singlecard_nb
+
+PACKAGE = Path(singlecard_nb.__file__).parent
+WINGS = ("pinning", "parallel", "inspection")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Modules of singlecard_nb that `path` imports anywhere in its code."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:  # `from . import borrow` imports the submodule borrow
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if _exists(submodule) else module)
+    return {m for m in found if m.startswith("singlecard_nb") and _exists(m)}
+
+
+def _exists(module: str) -> bool:
+    relative = Path(*module.split(".")[1:])
+    return ((PACKAGE / relative).with_suffix(".py").exists()
+            or (PACKAGE / relative / "__init__.py").exists())
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer, room): higher layers may import lower ones; one room may import itself."""
+    parts = module.split(".")
+    if module == "singlecard_nb":
+        return 4, "top"
+    room = parts[1]
+    if room == "notebook":
+        return 3, room
+    if room == "session":
+        return 2, room
+    if room in WINGS:
+        return 1, room
+    if room == "borrow":
+        return 0, room
+    raise AssertionError(f"{module} is in no room of the layout; add it to a wing or a layer")
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(path): _imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_lives_in_a_known_room():
+    rooms = {_layer(module)[1] for module in _graph()}
+    assert rooms == {"top", "notebook", "session", *WINGS, "borrow"}
+
+
+def test_imports_run_one_way_and_no_wing_imports_another():
+    bad = []
+    for module, imported in _graph().items():
+        layer, room = _layer(module)
+        for other in imported:
+            other_layer, other_room = _layer(other)
+            if other_room == "top" and module != "singlecard_nb":
+                bad.append(f"{module} imports the package top ({other})")
+            elif room in WINGS and other_room in WINGS and other_room != room:
+                bad.append(f"wing {module} imports another wing: {other}")
+            elif other_room == "notebook" and room not in ("notebook", "top"):
+                bad.append(f"{module} imports the notebook layer from below: {other}")
+            elif other_layer > layer:
+                bad.append(f"{module} (layer {layer}) imports {other} (layer {other_layer})")
+    assert not bad, "\n".join(bad)
+
+
+def test_borrow_is_the_ground_floor():
+    assert _graph()["singlecard_nb.borrow"] == set()
+
+
+def test_there_are_no_import_circles():
+    graph = {m: {o for o in imported if o != m} for m, imported in _graph().items()}
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other.startswith(module + ".") or module.startswith(other + "."):
+                continue  # a package and its own submodules
+            if state.get(other) == 1:
+                cycle = path[path.index(other):] + [other]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_the_checker_sees_a_wing_importing_another(tmp_path, monkeypatch):
+    # The rules above must be able to fail: a planted wing-to-wing import is found.
+    fake = tmp_path / "singlecard_nb"
+    (fake / "inspection").mkdir(parents=True)
+    (fake / "pinning").mkdir()
+    for path in ("__init__.py", "inspection/__init__.py", "pinning/__init__.py",
+                 "pinning/pinning.py"):
+        (fake / path).write_text("")
+    (fake / "inspection" / "engine.py").write_text("from ..pinning import pinning\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    with pytest.raises(AssertionError, match="imports another wing"):
+        test_imports_run_one_way_and_no_wing_imports_another()
+
+
+def test_public_names_are_not_shadowed_by_subpackages():
+    # Importing every submodule sets package attributes; none may replace a public function
+    # (a wing called `pin/` once made `singlecard_nb.pin` a module).
+    for info in pkgutil.walk_packages([str(PACKAGE)], "singlecard_nb."):
+        importlib.import_module(info.name)
+    for name in singlecard_nb.__all__:
+        assert not isinstance(getattr(singlecard_nb, name), types.ModuleType), name
