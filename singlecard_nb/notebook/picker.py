@@ -183,6 +183,8 @@ def _make_picker_class() -> Any:
                 self.choice.value = "cpu"
             elif auto in values:
                 self.choice.value = auto
+            else:  # nothing to keep and nothing auto would take (e.g. no GPU allocated)
+                self.choice.value = values[0]
             if not machine.gpus:
                 self.choice.value = "cpu"
 
@@ -240,6 +242,8 @@ def _make_picker_class() -> Any:
             def pin() -> None:
                 target = self.choice.value
                 self._clear_errors()
+                if target is None:
+                    raise pinning.TargetError("no device is chosen: choose one in the list")
                 # The panel may be minutes old: resolve the chosen UUID on a fresh reading, so
                 # a GPU that vanished (or moved to another index) is never pinned by mistake.
                 drawn, now = self.machine, self._reader()
