@@ -11,7 +11,7 @@ say() {
 scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
-        say "installing Debian's chromium for the browser test (apt-get, about 1 min; once)"
+        say "installing Debian's chromium for the browser test (apt-get, about 1-2 min; once)"
         began=$SECONDS
         apt-get update -q >/dev/null
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
