@@ -5,7 +5,8 @@
 #
 # The first run takes about 2 minutes (measured: 1 min 42 s on a busy 2-core box) and says
 # what it is doing, step by step, on stderr; later runs find the stamp
-# (.venv/.singlecard-nb-installed, the hash of pyproject.toml) and print nothing. CI=true or SINGLECARD_NB_QUIET=1 keeps CI logs to errors only.
+# (.venv/.singlecard-nb-installed, the hash of pyproject.toml) and print nothing.
+# CI=true or SINGLECARD_NB_QUIET=1 keeps CI logs to errors only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
