@@ -22,5 +22,5 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 say "ruff check (a few seconds)"
 .venv/bin/ruff check singlecard_nb tests benchmarks scripts
-say "pytest (the whole suite: about 3-5 min on 2 cores; ./test.sh -k NAME runs a part)"
+say "pytest (the whole suite: about 3-8 min on 2 cores; ./test.sh -k NAME runs a part)"
 exec .venv/bin/python -m pytest "$@"
