@@ -2,6 +2,8 @@
 # Set up, then open JupyterLab on the quickstart notebook.
 #   ./lab.sh              JupyterLab on notebooks/quickstart.ipynb (http://127.0.0.1:8888)
 #   ./lab.sh --headless   execute the notebook in a real kernel and print a report
+# Other arguments go to `jupyter lab` (e.g. --port=8890). Works as root too (containers, CI):
+# then --allow-root is passed, which JupyterLab otherwise refuses to start without.
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh
@@ -9,4 +11,12 @@ if [ "${1:-}" = "--headless" ]; then
     shift
     exec .venv/bin/python scripts/run_notebook.py notebooks/quickstart.ipynb "$@"
 fi
-exec .venv/bin/jupyter lab notebooks/quickstart.ipynb --ip=127.0.0.1 --no-browser "$@"
+as_root=()
+if [ "$(id -u)" = 0 ]; then
+    as_root=(--allow-root)
+fi
+if [ "${CI:-}" != true ] && [ -z "${SINGLECARD_NB_QUIET:-}" ]; then
+    echo "lab: starting JupyterLab (about 5 s); it prints the URL to open, Ctrl-C stops it" >&2
+fi
+exec .venv/bin/jupyter lab notebooks/quickstart.ipynb --ip=127.0.0.1 --no-browser \
+    ${as_root[@]+"${as_root[@]}"} "$@"

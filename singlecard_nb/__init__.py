@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Machine": "pinning.devices",
     "GpuInfo": "pinning.devices",
-    "gpus": "pinning.devices",
+    "gpus": "session",
     "pin": "session",
     "release": "session",
     "device": "session",

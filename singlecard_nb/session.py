@@ -23,12 +23,18 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["pin", "release", "current", "device", "status", "single_card", "unwrap",
-           "TargetError"]
+           "TargetError", "gpus"]
 
 _SINGLE_CARD = f"{__package__}.parallel.single_card"
 
 current = pinning.current
 device = pinning.device
+
+
+def gpus() -> Machine:
+    """The GPUs as this kernel sees them (`singlecard_nb.gpus()`): a table that marks the ones
+    outside its allocation (the CUDA_VISIBLE_DEVICES it had before any pin)."""
+    return pinning.machine_view()
 
 
 def _parallel() -> Any:
@@ -42,6 +48,7 @@ def pin(
     *,
     set_default: bool = False,
     single_card: bool = True,
+    force: bool = False,
     environ: MutableMapping[str, str] | None = None,
     machine: Machine | None = None,
     driver: DriverState | None = None,
@@ -51,10 +58,11 @@ def pin(
     target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
     set_default: also make the device torch's default device (restored on release).
     single_card: run DataParallel/DDP code single-card on this device.
+    force: allow a GPU outside the kernel's allocation (its CUDA_VISIBLE_DEVICES before the pin).
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
     """
-    state = pinning.pin(target, set_default=set_default, environ=environ, machine=machine,
-                        driver=driver)
+    state = pinning.pin(target, set_default=set_default, force=force, environ=environ,
+                        machine=machine, driver=driver)
     state.single_card = single_card
     committed = False
     try:

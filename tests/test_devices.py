@@ -8,9 +8,18 @@ import pwd
 from pathlib import Path
 
 import pytest
+from fake_nvml import (
+    GPU_IS_LOST,
+    LIBRARY_NOT_FOUND,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+    UNKNOWN,
+    FakeNVML,
+    NVMLError,
+)
 
 from singlecard_nb.pinning import devices
-from singlecard_nb.pinning.devices import GpuInfo, Machine, MigInfo, ProcessInfo
+from singlecard_nb.pinning.devices import GpuInfo, Machine, MachineFileError, MigInfo, ProcessInfo
 
 MACHINES = Path(__file__).parent / "machines"
 FOUR_GPUS = MACHINES / "four_gpus.json"
@@ -21,102 +30,6 @@ NO_SUCH_PID = 2**22 + 17  # above Linux's largest pid_max: never a live process
 
 def four_gpus(environ: dict[str, str] | None = None) -> Machine:
     return Machine.from_dict(json.loads(FOUR_GPUS.read_text()), environ=environ or {})
-
-
-# --- a fake pynvml ---------------------------------------------------------------------------
-
-class _Memory:
-    def __init__(self, total: int, used: int):
-        self.total, self.used, self.free = total, used, total - used
-
-
-class _Proc:
-    def __init__(self, pid: int, memory: int | None):
-        self.pid, self.usedGpuMemory = pid, memory
-
-
-class FakeNVML:
-    """Just enough of pynvml's surface, driven by a list of GPU dicts."""
-
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NOT_FOUND = 6
-    NVML_DEVICE_MIG_ENABLE = 1
-
-    class NVMLError(Exception):
-        def __init__(self, value: int):
-            super().__init__(f"NVML error {value}")
-            self.value = value
-
-    def __init__(self, gpus: list[dict], init_error: int | None = None, fail_on: str | None = None):
-        self.gpus, self.init_error, self.fail_on = gpus, init_error, fail_on
-        self.inits = self.shutdowns = 0
-
-    def nvmlInit(self):
-        if self.init_error is not None:
-            raise self.NVMLError(self.init_error)
-        self.inits += 1
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlSystemGetDriverVersion(self):
-        return b"550.54.15"  # older pynvml returns bytes
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if self.fail_on == "handle":
-            raise self.NVMLError(999)
-        return ("gpu", i)
-
-    def _spec(self, handle):
-        gpu = self.gpus[handle[1]]
-        return gpu if handle[0] == "gpu" else gpu["mig"][handle[2]]
-
-    def nvmlDeviceGetUUID(self, handle):
-        return self._spec(handle)["uuid"]
-
-    def nvmlDeviceGetName(self, handle):
-        return self._spec(handle)["name"]
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        spec = self._spec(handle)
-        return _Memory(spec["total"], spec["used"])
-
-    def nvmlDeviceGetPciInfo(self, handle):
-        return type("Pci", (), {"busId": self._spec(handle)["pci"]})()
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        util = self._spec(handle).get("util")
-        if util is None:
-            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
-        return type("Util", (), {"gpu": util})()
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return [_Proc(pid, mem) for pid, mem in self._spec(handle).get("procs", [])]
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
-        return [_Proc(pid, mem) for pid, mem in self._spec(handle).get("procs", [])[:1]]
-
-    def nvmlSystemGetProcessName(self, pid):
-        if pid == NO_SUCH_PID:
-            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return "/usr/bin/python3"
-
-    def nvmlDeviceGetMigMode(self, handle):
-        if "mig" not in self._spec(handle):
-            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
-        return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index):
-        if self._spec(handle)["mig"].get(index) is None:
-            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return ("mig", handle[1], index)
 
 
 def _fake_gpus() -> list[dict]:
@@ -135,8 +48,12 @@ def _fake_gpus() -> list[dict]:
 
 # --- NVML ------------------------------------------------------------------------------------
 
+def _fake(**kwargs) -> FakeNVML:
+    return FakeNVML(_fake_gpus(), process_names={os.getpid(): "/usr/bin/python3"}, **kwargs)
+
+
 def test_nvml_reader_reads_every_field():
-    nvml = FakeNVML(_fake_gpus())
+    nvml = _fake()
     machine = devices.read_nvml(nvml, environ={})
     assert machine.source == "nvml" and machine.reason is None
     assert machine.driver_version == "550.54.15"
@@ -144,6 +61,7 @@ def test_nvml_reader_reads_every_field():
     assert (h100.index, h100.uuid, h100.name) == (0, "GPU-aaaa", "NVIDIA H100")
     assert (h100.memory_total, h100.memory_used, h100.memory_free) == (80 * GIB, 3 * GIB, 77 * GIB)
     assert h100.utilization == 41 and a100.utilization is None  # NotSupported -> None
+    assert "NotSupported" in a100.why_unknown("utilization") and h100.unknown == ()
     assert a100.uuid == "GPU-bbbb" and a100.name == "NVIDIA A100"  # bytes decoded
     # compute + graphics lists are merged by pid
     me = pwd.getpwuid(os.getuid()).pw_name
@@ -165,21 +83,123 @@ def test_nvml_reader_reads_every_field():
 
 
 def test_nvml_missing_library_is_a_machine_with_no_gpus():
-    nvml = FakeNVML([], init_error=FakeNVML.NVML_ERROR_LIBRARY_NOT_FOUND)
+    nvml = FakeNVML([], init_error=NVMLError(LIBRARY_NOT_FOUND))
     machine = devices.read_nvml(nvml)
     assert machine.gpus == ()
     assert "not found" in machine.reason
     assert nvml.shutdowns == 0  # never shut down what did not start
 
 
-def test_nvml_without_gpus_and_with_errors_gives_reasons():
+@pytest.mark.parametrize("error, words", [
+    (OSError("libnvidia-ml.so.1: cannot open shared object file"),
+     "the NVML library could not be loaded: libnvidia-ml.so.1: cannot open"),
+    (NVMLError(9), "the NVIDIA kernel driver is not loaded"),
+    (NVMLError(NO_PERMISSION), "NVML could not start: NVMLError_NoPermission: Insufficient"),
+])
+def test_nvml_that_cannot_start_is_a_reason_not_a_traceback(error, words):
+    machine = devices.read_nvml(FakeNVML([], init_error=error), environ={})
+    assert machine.gpus == () and words in machine.reason
+
+
+def test_nvml_without_gpus_and_without_a_count_gives_reasons():
     empty = FakeNVML([])
     assert devices.read_nvml(empty).reason == "NVML reports no GPUs"
     assert empty.shutdowns == 1
-    broken = FakeNVML(_fake_gpus(), fail_on="handle")
-    machine = devices.read_nvml(broken)
-    assert machine.gpus == () and "NVML error while reading GPUs" in machine.reason
-    assert broken.shutdowns == 1
+    uncountable = _fake().fail(None, "nvmlDeviceGetCount", UNKNOWN)
+    machine = devices.read_nvml(uncountable)
+    assert machine.gpus == () and machine.reason == (
+        "NVML cannot count the GPUs (nvmlDeviceGetCount: NVMLError_Unknown: Unknown Error)")
+    assert uncountable.shutdowns == 1
+
+
+# --- NVML failing piecemeal: each GPU and each field on its own -------------------------------
+
+def test_a_gpu_that_cannot_be_opened_is_unusable_and_the_rest_stays():
+    nvml = _fake().fail(0, "nvmlDeviceGetHandleByIndex", GPU_IS_LOST)
+    lost, a100 = devices.read_nvml(nvml, environ={}).gpus
+    assert lost.index == 0 and lost.uuid == "" and lost.name == "?"
+    assert lost.unusable == ("NVML cannot open it (nvmlDeviceGetHandleByIndex: "
+                             "NVMLError_GpuIsLost: GPU is lost)")
+    assert a100.unusable is None and a100.uuid == "GPU-bbbb" and len(a100.mig) == 2
+    assert nvml.shutdowns == 1
+
+
+@pytest.mark.parametrize("call, field", [
+    ("nvmlDeviceGetMemoryInfo", "memory"),
+    ("nvmlDeviceGetUtilizationRates", "utilization"),
+    ("nvmlDeviceGetComputeRunningProcesses", "processes"),
+    ("nvmlDeviceGetName", "name"),
+    ("nvmlDeviceGetMigMode", "mig"),
+])
+@pytest.mark.parametrize("error, words", [
+    (NVMLError(NO_PERMISSION), "NVMLError_NoPermission: Insufficient Permissions"),
+    (NVMLError(GPU_IS_LOST), "NVMLError_GpuIsLost: GPU is lost"),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "UnicodeDecodeError"),
+])
+def test_one_field_failing_on_one_gpu_is_unknown_with_its_reason(call, field, error, words):
+    nvml = _fake().fail(1, call, error)
+    h100, a100 = devices.read_nvml(nvml, environ={}).gpus
+    assert h100.unknown == () or set(dict(h100.unknown)) == {"utilization"}  # untouched
+    assert h100.memory_total == 80 * GIB and h100.processes
+    reason = a100.why_unknown(field)
+    assert reason == f"{call}: {words}" or (reason.startswith(f"{call}: ") and words in reason)
+    assert a100.unusable is None and a100.uuid == "GPU-bbbb"  # still pinnable
+    if field == "memory":
+        assert (a100.memory_total, a100.memory_used, a100.memory_free) == (None, None, None)
+    if field == "mig":
+        assert a100.mig == ()
+    if field == "processes":
+        assert not a100.processes_known and a100.other_processes() == ()
+
+
+def test_a_gpu_whose_uuid_cannot_be_read_is_unusable_with_the_reason():
+    nvml = _fake().fail(0, "nvmlDeviceGetUUID", NVMLError(NO_PERMISSION))
+    h100, a100 = devices.read_nvml(nvml, environ={}).gpus
+    assert h100.uuid == "" and h100.unusable == (
+        "its UUID cannot be read (nvmlDeviceGetUUID: NVMLError_NoPermission: "
+        "Insufficient Permissions)")
+    assert h100.memory_total == 80 * GIB  # what could be read is still shown
+    assert a100.unusable is None
+
+
+def test_mig_devices_fail_on_their_own():
+    nvml = _fake().fail("1/0", "nvmlDeviceGetUUID", GPU_IS_LOST)
+    nvml.fail("1/3", "nvmlDeviceGetMemoryInfo", NOT_SUPPORTED)
+    small, big = devices.read_nvml(nvml, environ={}).gpus[1].mig
+    assert small.uuid == "" and "GpuIsLost" in small.unusable
+    assert big.uuid == "MIG-4444" and big.memory_total is None and big.memory_free is None
+    assert dict(big.unknown) == {
+        "memory": "nvmlDeviceGetMemoryInfo: NVMLError_NotSupported: Not Supported"}
+
+
+def test_an_old_nvidia_ml_py_without_mig_or_process_calls():
+    nvml = _fake().remove("nvmlDeviceGetMigMode", "nvmlDeviceGetComputeRunningProcesses",
+                          "nvmlDeviceGetGraphicsRunningProcesses")
+    h100, a100 = devices.read_nvml(nvml, environ={}).gpus
+    for gpu in (h100, a100):
+        assert gpu.mig == () and not gpu.processes_known and gpu.unusable is None
+        assert "has no nvmlDeviceGetMigMode: it is too old" in gpu.why_unknown("mig")
+        assert "pip install -U nvidia-ml-py" in gpu.why_unknown("processes")
+
+
+def test_graphics_processes_not_supported_is_not_a_problem():
+    nvml = _fake().fail(None, "nvmlDeviceGetGraphicsRunningProcesses", NOT_SUPPORTED)
+    h100 = devices.read_nvml(nvml, environ={}).gpus[0]
+    assert h100.processes_known and len(h100.processes) == 2
+
+
+def test_problems_are_listed_under_the_table():
+    nvml = _fake().fail(0, "nvmlDeviceGetUUID", GPU_IS_LOST)
+    nvml.fail(1, "nvmlDeviceGetMemoryInfo", NO_PERMISSION)
+    machine = devices.read_nvml(nvml, environ={})
+    text, page = repr(machine), machine._repr_html_()
+    for needle in ("GPU 0 cannot be pinned: its UUID cannot be read (nvmlDeviceGetUUID: "
+                   "NVMLError_GpuIsLost: GPU is lost)",
+                   "GPU 1: memory unknown (nvmlDeviceGetMemoryInfo: NVMLError_NoPermission: "
+                   "Insufficient Permissions); utilization unknown "
+                   "(nvmlDeviceGetUtilizationRates: NVMLError_NotSupported: Not Supported)",
+                   "no: unusable", "? / ? GiB"):
+        assert needle in text and needle in page
 
 
 def test_real_nvml_never_raises_here():
@@ -206,16 +226,79 @@ def test_described_machine_without_gpus_keeps_its_reason():
     assert machine.gpus == () and "not found" in machine.reason
 
 
-def test_broken_description_becomes_the_reason(tmp_path):
-    bad_json = tmp_path / "bad.json"
-    bad_json.write_text("{not json")
-    machine = devices.read_machine({"SINGLECARD_NB_MACHINE": str(bad_json)})
-    assert machine.gpus == () and "could not read SINGLECARD_NB_MACHINE" in machine.reason
-    no_uuid = tmp_path / "no_uuid.json"
-    no_uuid.write_text(json.dumps({"gpus": [{"index": 0, "name": "x"}]}))
-    assert "lacks uuid" in devices.read_machine({"SINGLECARD_NB_MACHINE": str(no_uuid)}).reason
-    missing = devices.read_machine({"SINGLECARD_NB_MACHINE": str(tmp_path / "nope.json")})
-    assert missing.gpus == () and "nope.json" in missing.reason
+def _gpu_entry(**fields) -> dict:
+    entry = {"index": 0, "uuid": "GPU-aaaa", "name": "A100", "memory_total": GIB}
+    entry.update(fields)
+    return {k: v for k, v in entry.items() if v is not _DROP}
+
+
+_DROP = object()
+
+MALFORMED = [
+    ('{"gpus": [1]}', "gpus[0]: expected an object, got 1"),
+    ({"gpus": [_gpu_entry(memory_total=None)]},
+     "gpus[0].memory_total: expected a whole number ≥ 0, got null"),
+    ('{"gpus": [{"index": 0, "uuid": "GPU-a", "name": "x", "memory_total": Infinity}]}',
+     "gpus[0].memory_total: expected a whole number ≥ 0, got Infinity"),
+    ({"gpus": [_gpu_entry(memory_used=-5)]}, "gpus[0].memory_used: expected a whole number ≥ 0, got -5"),
+    ({"gpus": [_gpu_entry(memory_total=1.5)]}, "gpus[0].memory_total: expected a whole number ≥ 0, got 1.5"),
+    ({"gpus": [_gpu_entry(processes=[{"user": "alice"}])]},
+     "gpus[0].processes[0].pid: missing (expected a whole number ≥ 0)"),
+    ({"gpus": [_gpu_entry(mig=[{"name": "1g.10gb"}])]},
+     "gpus[0].mig[0].uuid: missing (expected a MIG UUID string)"),
+    ({"gpus": [_gpu_entry(name=5)]}, "gpus[0].name: expected a string, got 5"),
+    ({"gpus": [_gpu_entry(uuid=["GPU-a"])]}, 'gpus[0].uuid: expected a GPU UUID string, got ["GPU-a"]'),
+    ({"gpus": [_gpu_entry(uuid=_DROP)]}, "gpus[0].uuid: missing (expected a GPU UUID string)"),
+    ({"gpus": [_gpu_entry(uuid="")]}, "gpus[0].uuid: empty (expected a GPU UUID string;"),
+    ({"gpus": [_gpu_entry(index=True)]}, "gpus[0].index: expected a whole number ≥ 0, got true"),
+    ({"gpus": [_gpu_entry(utilization=140)]},
+     "gpus[0].utilization: expected a whole number ≥ 0 and ≤ 100 or null, got 140"),
+    ({"gpus": [_gpu_entry(processes=[{"pid": 1, "user": 7}])]},
+     "gpus[0].processes[0].user: expected a string or null, got 7"),
+    ({"gpus": [_gpu_entry(memory_totl=5)]}, "gpus[0]: unknown field 'memory_totl'"),
+    ({"gpus": [_gpu_entry(), _gpu_entry(uuid="GPU-b")]},
+     "gpus[1].index: 0 is already gpus[0]'s index"),
+    ({"gpus": {"0": {}}}, "the machine.gpus: expected a list of GPU objects"),
+    ("[]", "the machine: expected an object, got []"),
+    ('{"gpus": [', "not valid JSON: Expecting value at line 1 column 11"),
+]
+
+
+@pytest.mark.parametrize("content, words", MALFORMED)
+def test_a_malformed_machine_file_is_one_line_naming_file_entry_and_field(tmp_path, content, words):
+    path = tmp_path / "machine.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(MachineFileError) as caught:
+        devices.read_machine({"SINGLECARD_NB_MACHINE": str(path)})
+    message = str(caught.value)
+    assert message.startswith(f"SINGLECARD_NB_MACHINE={path}: ")
+    assert words in message and "\n" not in message
+    assert isinstance(caught.value, ValueError)  # magics turn it into a UsageError
+
+
+def test_a_missing_machine_file_says_so(tmp_path):
+    path = tmp_path / "nope.json"
+    with pytest.raises(MachineFileError, match=r"nope.json: cannot read the file: No such file"):
+        devices.read_machine({"SINGLECARD_NB_MACHINE": str(path)})
+
+
+def test_comments_and_whole_floats_are_accepted():
+    machine = Machine.from_dict({"_comment": "a test box", "gpus": [
+        _gpu_entry(memory_total=8.589934592e10, _note="JSON from JavaScript writes floats")]})
+    assert machine.gpus[0].memory_total == 80 * GIB
+
+
+def test_described_unknown_fields_and_unusable_gpus_round_trip():
+    data = {"gpus": [
+        _gpu_entry(unknown={"memory": "nvmlDeviceGetMemoryInfo: NVMLError_GpuIsLost"},
+                   memory_total=_DROP),
+        {"index": 1, "name": "?", "unusable": "its UUID cannot be read (NoPermission)"},
+    ]}
+    machine = Machine.from_dict(data, environ={})
+    readable, unusable = machine.gpus
+    assert readable.memory_total is None and "GpuIsLost" in readable.why_unknown("memory")
+    assert unusable.uuid == "" and unusable.unusable.startswith("its UUID cannot be read")
+    assert Machine.from_dict(machine.to_dict(), environ={}) == machine
 
 
 def test_use_machine_overrides_and_resets():
@@ -254,6 +337,37 @@ def _ordinals(visible: str | None) -> dict[int, int | None]:
 ])
 def test_cuda_ordinals_follow_cuda_visible_devices(visible, expected):
     assert _ordinals(visible) == expected
+
+
+MIG_SMALL = "MIG-5c3b1a2d-9e8f-5a6b-9c0d-1e2f3a4b5c6d"
+
+
+@pytest.mark.parametrize("visible, gpus_allowed, migs_allowed, words", [
+    (None, {0, 1, 2, 3}, {0, 1}, "CUDA_VISIBLE_DEVICES is unset: every GPU is allowed"),
+    ("2,3", {2, 3}, {0, 1}, "CUDA_VISIBLE_DEVICES='2,3' allows GPU 2, GPU 3"),
+    ("GPU-8a1b,GPU-2f6e", {1, 2}, set(), "allows GPU 1, GPU 2"),  # UUID lists (Kubernetes)
+    (MIG_SMALL, {3}, {0}, "allows MIG 3/0"),  # a MIG slice of GPU 3, not the other one
+    ("", set(), set(), "CUDA_VISIBLE_DEVICES='' allows no GPU"),
+    ("-1", set(), set(), "CUDA_VISIBLE_DEVICES='-1' allows no GPU"),
+    ("NoDevFiles", set(), set(), "allows no GPU"),  # what Slurm sets for a job without GPUs
+])
+def test_the_allocation_is_what_cuda_visible_devices_allows(visible, gpus_allowed, migs_allowed,
+                                                           words):
+    machine = four_gpus({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+    assert {g.index for g in machine.gpus if g.in_allocation} == gpus_allowed
+    assert {m.index for m in machine.by_index(3).mig if m.in_allocation} == migs_allowed
+    assert machine.allocation == visible and words in machine.allocation_text()
+
+
+def test_ordinals_and_allocation_can_come_from_different_environments():
+    # pinned to GPU 2 (the current environment) inside an allocation of GPUs 1 and 2
+    machine = four_gpus().with_ordinals({"CUDA_VISIBLE_DEVICES": "GPU-8a1b"},
+                                        allocation_environ={"CUDA_VISIBLE_DEVICES": "1,2"})
+    assert [g.cuda_ordinal for g in machine.gpus] == [None, None, 0, None]
+    assert [g.in_allocation for g in machine.gpus] == [False, True, True, False]
+    text = repr(machine)
+    assert "Allocation: CUDA_VISIBLE_DEVICES='1,2' allows GPU 1, GPU 2" in text
+    assert text.count("outside allocation") == 4  # GPUs 0 and 3, and GPU 3's two MIG devices
 
 
 def test_cuda_ordinals_use_pci_bus_order_not_nvidia_smi_index():

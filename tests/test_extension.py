@@ -197,7 +197,7 @@ def test_single_card_switch(ip):
 
 def test_help_is_real(ip):
     doc = line_magics(ip)["singlecard"].__doc__
-    for words in ("%singlecard [--default-device] [--no-single-card] [TARGET ...]", "auto",
+    for words in ("%singlecard [--default-device] [--no-single-card] [--force] [TARGET ...]", "auto",
                   "'off'", "too late", "--default-device"):
         assert words in doc
 

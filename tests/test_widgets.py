@@ -97,6 +97,45 @@ def test_a_machine_without_gpus_says_why_and_offers_the_cpu():
     assert "Pinned to CPU" in panel.status.value
 
 
+def test_gpus_outside_the_allocation_are_marked_and_not_offered(machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # what a scheduler gave this kernel
+    panel = picker.picker(machine)
+    gpu0, gpu1 = machine.gpus[0].uuid, machine.gpus[1].uuid
+    values = [value for _, value in panel.choice.options]
+    assert gpu0 not in values and gpu1 not in values and GPU2 in values and "cpu" in values
+    assert panel.table.value.count("outside allocation") == 2
+    assert "Allocation: CUDA_VISIBLE_DEVICES=&#x27;2,3&#x27; allows GPU 2, GPU 3" in panel.header.value
+    # auto is GPU 3's MIG device: GPU 2 is busy (bob, carol), GPU 1 is idle but outside
+    assert panel.choice.value == MIG30 and "within the allocation" in panel.table.value
+    assert panel.show_outside.layout.display is None  # the way to offer them is shown
+
+    panel.show_outside.value = True  # deliberately: offer them, marked
+    labels = dict((value, label) for label, value in panel.choice.options)
+    assert "outside allocation: forced" in labels[gpu1]
+    panel.choice.value = gpu1
+    panel.pin_button.click()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == gpu1
+    assert "Forced outside this kernel" in panel.status.value
+    panel.release_button.click()  # before monkeypatch puts the environment back
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_an_empty_allocation_offers_only_the_cpu(machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    panel = picker.picker(machine)
+    assert [value for _, value in panel.choice.options] == ["cpu"]
+    assert "allows no GPU" in panel.table.value and "★" not in panel.table.value
+    panel.pin_button.click()
+    assert "Pinned to CPU" in panel.status.value
+    session.release()  # before monkeypatch puts the environment back
+
+
+def test_without_an_allocation_nothing_is_marked(machine):
+    panel = picker.picker(machine)
+    assert "outside allocation" not in panel.table.value
+    assert panel.show_outside.layout.display == "none"
+
+
 def test_too_late_shows_the_whole_explanation(machine, monkeypatch):
     from singlecard_nb.pinning import driver
 

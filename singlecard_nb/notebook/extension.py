@@ -12,21 +12,31 @@ _registered: dict[int, list[Any]] = {}
 
 
 def load(shell: Any) -> None:
-    """Register the magics; pin at kernel start when SINGLECARD_NB_DEVICE is set."""
+    """Register the magics; pin at kernel start when SINGLECARD_NB_DEVICE is set.
+
+    Runs in kernel start-up (profiles, kernel.json), so a bad SINGLECARD_NB_DEVICE or machine
+    file is printed, never raised. Loading is all or nothing: if registering fails, what was
+    registered is removed again, so IPython's "loaded" and our magics never disagree.
+    """
     from .inspect_magics import InspectMagics
-    from .magics import SingleCardMagics
+    from .magics import SingleCardMagics, pin_at_load
 
     if id(shell) in _registered:
         return
     instances = [SingleCardMagics(shell), InspectMagics(shell)]
-    for instance in instances:
-        shell.register_magics(instance)
     _registered[id(shell)] = instances
+    committed = False
+    try:
+        for instance in instances:
+            shell.register_magics(instance)
+        committed = True
+    finally:
+        if not committed:
+            for instance in _registered.pop(id(shell)):
+                _unregister_magics(shell, instance)
 
     target = os.environ.get("SINGLECARD_NB_DEVICE", "").strip()
     if target:
-        from .magics import pin_at_load
-
         pin_at_load(shell, target)
 
 

@@ -8,6 +8,7 @@ message naming the bad value and what is accepted, no traceback, nothing changed
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -16,7 +17,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .. import session
-from ..pinning import devices
+from ..pinning import devices, pinning
 from ..pinning import driver as driver_probe
 
 _SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card")
@@ -36,6 +37,9 @@ def _on_off(word: str | None, what: str, default: bool | None = None) -> bool:
 class SingleCardMagics(Magics):
     """The `%singlecard` line magic (registered by `%load_ext singlecard_nb`)."""
 
+    # nvidia-smi index -> UUID as the last `%singlecard list` showed them (replaced, never mutated)
+    _listed: dict[int, str] = {}
+
     @magic_arguments()
     @argument(
         "words", nargs="*", metavar="TARGET",
@@ -49,6 +53,9 @@ class SingleCardMagics(Magics):
               help="also make the pinned device torch's default device (restored by 'off')")
     @argument("--no-single-card", action="store_true",
               help="pin without single-card mode (DataParallel/DDP keep their own behaviour)")
+    @argument("--force", action="store_true",
+              help="pin a GPU outside this kernel's allocation (the CUDA_VISIBLE_DEVICES it "
+                   "started with, e.g. set by Slurm), which is otherwise refused")
     @line_magic
     def singlecard(self, line: str = "") -> None:
         """Pin this kernel to one GPU (or the CPU) and show what singlecard_nb is doing.
@@ -62,13 +69,13 @@ class SingleCardMagics(Magics):
         """
         args = parse_argstring(self.singlecard, line)
         words = list(args.words)
-        options = args.default_device or args.no_single_card
+        options = args.default_device or args.no_single_card or args.force
         if not words:
             words = ["status"]
         command = words[0].lower()
         if command in _SUBCOMMANDS and options:
-            raise UsageError(f"%singlecard {command}: --default-device and --no-single-card go "
-                             "with a TARGET only")
+            raise UsageError(f"%singlecard {command}: --default-device, --no-single-card and "
+                             "--force go with a TARGET only")
         if command in ("off", "status", "list", "picker") and len(words) > 1:
             raise UsageError(f"%singlecard {command} takes no argument, got {' '.join(words[1:])!r}")
         if command == "off":
@@ -76,29 +83,71 @@ class SingleCardMagics(Magics):
         elif command == "status":
             display(session.status())
         elif command == "list":
-            display(devices.read_machine())
+            self._list()
         elif command == "picker":
             from .picker import picker
 
-            display(picker())
+            try:
+                panel = picker()
+            except ValueError as e:  # a broken SINGLECARD_NB_MACHINE file
+                raise UsageError(f"%singlecard picker: {e}") from None
+            display(panel)
         elif command == "watch":
             self._watch(words[1:])
         elif command == "single-card":
             self._single_card(words[1:])
         else:
             self._pin(words, default_device=args.default_device,
-                      single_card=not args.no_single_card)
+                      single_card=not args.no_single_card, force=args.force)
 
     # --- commands ---------------------------------------------------------------------------
-    def _pin(self, words: list[str], *, default_device: bool, single_card: bool) -> None:
+    def _pin(self, words: list[str], *, default_device: bool, single_card: bool,
+             force: bool) -> None:
         if len(words) > 1:
             raise UsageError(f"%singlecard: {' '.join(words)!r} names more than one device; "
                              f"give one TARGET. Accepted: {_ACCEPTED}")
+        target = words[0]
         try:
-            state = session.pin(words[0], set_default=default_device, single_card=single_card)
+            machine = self._unchanged_since_listing(target)
+            state = session.pin(target, set_default=default_device, single_card=single_card,
+                                force=force, machine=machine)
         except ValueError as e:
-            raise UsageError(f"%singlecard {words[0]}: {e}") from None
+            raise UsageError(f"%singlecard {target}: {e}") from None
         print(state.summary())
+
+    def _list(self) -> None:
+        try:
+            machine = pinning.machine_view()
+        except ValueError as e:  # a broken SINGLECARD_NB_MACHINE file
+            raise UsageError(f"%singlecard list: {e}") from None
+        # Indices are what people type next; remember which card each one named.
+        self._listed = {g.index: g.uuid for g in machine.gpus}
+        display(machine)
+
+    def _unchanged_since_listing(self, target: str) -> devices.Machine | None:
+        """The machine now, when `target` is an index the last `%singlecard list` showed.
+
+        A GPU can fall off the bus or be reset between the listing and the pin, and the
+        nvidia-smi indices shift: `%singlecard 2` must then not pin whatever card is GPU 2 now.
+        Raises ValueError when the index names another card than the listing showed.
+        """
+        if not target.isdigit() or int(target) not in self._listed:
+            return None
+        index, uuid = int(target), self._listed[int(target)]
+        machine = pinning.machine_view()
+        now = machine.by_index(index)
+        if now is not None and now.uuid == uuid:
+            return machine
+        moved = next((g for g in machine.gpus if uuid and g.uuid == uuid), None)
+        where = (f"that card is now GPU {moved.index}" if moved is not None
+                 else "that card is no longer on this machine")
+        what = f"there is no GPU {index}" if now is None else f"GPU {index} is now {now.label()}"
+        shown = uuid or "a GPU with an unreadable UUID"
+        raise ValueError(
+            f"the GPUs changed since `%singlecard list` showed GPU {index} as {shown}: {what}, "
+            f"and {where} (a GPU fell off the bus, was reset "
+            "or the driver renumbered them). Nothing was changed. Run `%singlecard list` again "
+            "and pin by UUID, which never moves.")
 
     def _off(self) -> None:
         state = session.current()
@@ -142,8 +191,14 @@ def pin_at_load(shell: Any, target: str) -> None:
     """
     try:
         state = session.pin(target)
-    except ValueError as e:
+    except ValueError as e:  # a bad target, outside the allocation, a broken machine file
         print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned: {e}. The "
               "extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)
+        return
+    except Exception as e:  # anything else is our bug: show it, but let the kernel start
+        print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned because of an "
+              f"internal error ({type(e).__name__}: {e}; traceback below, please report it). "
+              "The extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)
+        traceback.print_exc()
         return
     print(f"singlecard_nb (SINGLECARD_NB_DEVICE={target}): {state.summary()}")

@@ -56,8 +56,16 @@ def _auto_choice(machine: Any) -> tuple[str | None, str]:
     """(UUID, why) of what `pin("auto")` would choose; asked of pinning so both always agree."""
     if not machine.gpus:
         return None, ""
-    choice = pinning.auto_choice(machine)  # the one place the rule is written
+    try:
+        choice = pinning.auto_choice(machine)  # the one place the rule is written
+    except pinning.TargetError as e:  # e.g. an allocation with no GPU: say so, offer the CPU
+        return None, str(e)
     return choice.uuid, choice.note
+
+
+def _offered(device: Any, show_outside: bool) -> bool:
+    """Whether the Device list offers this GPU or MIG device (never one that cannot be pinned)."""
+    return device.unusable is None and (device.in_allocation or show_outside)
 
 
 # --- device picker --------------------------------------------------------------------------
@@ -105,7 +113,9 @@ def _make_picker_class() -> Any:
                      shell: Any = None, **kwargs: Any):
             if reader is None:
                 reader = (lambda: machine) if machine is not None else devices.read_machine
-            self._reader = reader
+            # Whatever the reader gives is seen as this kernel sees it: the allocation is the
+            # CUDA_VISIBLE_DEVICES from before our pin (a scheduler's), not the pin's own.
+            self._reader = lambda: pinning.machine_view(reader())
             self._shell = shell
             self._owner = borrow.Borrowed("device picker: auto-refresh")
             self._shell_owner = borrow.Borrowed("device picker: follows the pin")
@@ -124,6 +134,9 @@ def _make_picker_class() -> Any:
                                            tooltip="Read the GPUs again")
             self.auto_refresh = W.Checkbox(value=False, indent=False,
                                            description=f"auto-refresh every {self.AUTO_REFRESH_S:g} s")
+            self.show_outside = W.Checkbox(
+                value=False, indent=False, layout=W.Layout(display="none"),
+                description="offer GPUs outside the allocation (pins them with force)")
             self.status = W.HTML()
             self.errors = W.Output()  # tracebacks from callbacks land here, visible
 
@@ -131,10 +144,12 @@ def _make_picker_class() -> Any:
             self.release_button.on_click(self._on_release)
             self.refresh_button.on_click(self._on_refresh)
             self.auto_refresh.observe(self._on_auto_refresh, names="value")
+            self.show_outside.observe(self._on_show_outside, names="value")
             controls = W.HBox([self.choice, self.pin_button, self.release_button,
                                self.refresh_button, self.auto_refresh])
             super().__init__(**kwargs)
-            self.children = (self.header, self.table, controls, self.status, self.errors)
+            self.children = (self.header, self.table, controls, self.show_outside, self.status,
+                             self.errors)
             self.add_class("singlecard-picker")
             self.refresh()
             self._follow_pins()
@@ -153,7 +168,10 @@ def _make_picker_class() -> Any:
             pinned_uuid = None if state is None else state.uuid
             self.header.value = _header_html(machine, state)
             self.table.value = _table_html(machine, auto, pinned_uuid, why)
-            options = _options(machine, auto)
+            outside = any(d.unusable is None and not d.in_allocation
+                          for g in machine.gpus for d in (g, *g.mig))
+            self.show_outside.layout.display = None if outside else "none"
+            options = _options(machine, auto, self.show_outside.value)
             previous = self.choice.value
             self.choice.options = options
             values = [value for _, value in options]
@@ -165,6 +183,8 @@ def _make_picker_class() -> Any:
                 self.choice.value = "cpu"
             elif auto in values:
                 self.choice.value = auto
+            else:  # nothing to keep and nothing auto would take (e.g. no GPU allocated)
+                self.choice.value = values[0]
             if not machine.gpus:
                 self.choice.value = "cpu"
 
@@ -196,7 +216,8 @@ def _make_picker_class() -> Any:
                 control.disabled = True
             try:
                 action()
-            except pinning.TargetError as e:  # the user's input: say it, no traceback
+            except (pinning.TargetError, devices.MachineFileError) as e:
+                # the user's input or setting, not a bug: say it, no traceback
                 self._say(f"Not pinned: {e}", "#c00")
             except Exception as e:
                 self._say(f"Error: {type(e).__name__}: {e} (traceback below)", "#c00")
@@ -221,7 +242,22 @@ def _make_picker_class() -> Any:
             def pin() -> None:
                 target = self.choice.value
                 self._clear_errors()
-                state = session.pin(target, machine=self.machine)
+                if target is None:
+                    raise pinning.TargetError("no device is chosen: choose one in the list")
+                # The panel may be minutes old: resolve the chosen UUID on a fresh reading, so
+                # a GPU that vanished (or moved to another index) is never pinned by mistake.
+                drawn, now = self.machine, self._reader()
+                with self._lock:
+                    self.machine = now
+                    if target != "cpu" and _find(now, target) is None:
+                        self._render()
+                        raise pinning.TargetError(
+                            f"{_drawn_as(drawn, target)} is no longer on this machine (it fell "
+                            "off the bus or was reset since the panel was drawn). The panel "
+                            "now shows the GPUs as they are; choose again.")
+                device = _find(now, target)
+                force = device is not None and not device.in_allocation
+                state = session.pin(target, machine=now, force=force)
                 with self._lock:
                     self._render()
                 self._say(_describe_pin(state), "#060" if state.hard else "#c60")
@@ -240,6 +276,10 @@ def _make_picker_class() -> Any:
 
         def _on_refresh(self, _button: Any = None) -> None:
             self._guarded(self.refresh)
+
+        def _on_show_outside(self, change: dict) -> None:
+            with self._lock:
+                self._render()
 
         def _on_auto_refresh(self, change: dict) -> None:
             if change["new"]:
@@ -316,6 +356,9 @@ def _header_html(machine: Any, state: Any) -> str:
     driver = getattr(machine, "driver_version", None)
     lines = [f"<b>GPUs</b> <span style='color:#777;font-size:11px'>({source}"
              f"{', driver ' + html.escape(driver) if driver else ''})</span>"]
+    if getattr(machine, "allocation", None) is not None:
+        lines.append(f"<span style='font-size:12px'>Allocation: "
+                     f"{html.escape(machine.allocation_text())}</span>")
     if state is None:
         lines.append("<span style='font-size:12px'>Not pinned.</span>")
     else:
@@ -323,6 +366,27 @@ def _header_html(machine: Any, state: Any) -> str:
                      f"{html.escape(_device_words(state))} → "
                      f"<code>{html.escape(str(state.torch_device))}</code></span>")
     return "<br>".join(lines)
+
+
+def _find(machine: Any, uuid: str) -> Any:
+    """The GPU or MIG device with this UUID on `machine`, or None."""
+    return next((d for g in machine.gpus for d in (g, *g.mig) if d.uuid and d.uuid == uuid), None)
+
+
+def _drawn_as(machine: Any, uuid: str) -> str:
+    for gpu in machine.gpus:
+        if gpu.uuid == uuid:
+            return f"GPU {gpu.index} ({uuid})"
+        for mig in gpu.mig:
+            if mig.uuid == uuid:
+                return f"MIG device {gpu.index}:{mig.index} ({uuid})"
+    return uuid
+
+
+def _util_text(gpu: Any) -> str:
+    if gpu.utilization is not None:
+        return f"{gpu.utilization} %"
+    return "?" if gpu.why_unknown("utilization") else "–"
 
 
 def _table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "") -> str:
@@ -335,41 +399,68 @@ def _table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "
                    ("#", "name", "UUID", "memory", "util", "used by", ""))
     rows = []
     for gpu in machine.gpus:
-        rows.append(_row_html(cell, "singlecard-gpu", str(gpu.index), gpu.name, gpu.uuid, gpu.memory_used,
-                              gpu.memory_total,
-                              "–" if gpu.utilization is None else f"{gpu.utilization} %",
-                              _users(gpu), auto, pinned))
+        users = _users(gpu) if gpu.processes_known else "?"
+        rows.append(_row_html(cell, "singlecard-gpu", str(gpu.index), gpu, gpu.memory_used,
+                              gpu.memory_total, _util_text(gpu), users, auto, pinned))
         for mig in gpu.mig:
-            rows.append(_row_html(cell, "singlecard-mig", f"{gpu.index}:{mig.index}", f"MIG {mig.name}", mig.uuid,
-                                  mig.memory_used, mig.memory_total, "", "", auto, pinned))
-    note = (f"<div style='font-size:11px;color:#06c'>★ {html.escape(why)}</div>" if why else "")
+            rows.append(_row_html(cell, "singlecard-mig", f"{gpu.index}:{mig.index}", mig,
+                                  mig.memory_used, mig.memory_total, "", "", auto, pinned,
+                                  name=f"MIG {mig.name}"))
+    notes = []
+    if why:
+        colour = "#06c" if auto else "#c60"
+        mark = "★ " if auto else ""
+        notes.append(f"<div style='font-size:11px;color:{colour}'>{mark}{html.escape(why)}</div>")
+    notes += [f"<div style='font-size:11px;color:#c60'>{html.escape(line)}</div>"
+              for line in devices.problems(machine)]
     return (f"<table class='singlecard-gpus' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{note}")
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + "".join(notes))
 
 
-def _row_html(cell: str, css_class: str, index: str, name: str, uuid: str, used: int | None, total: int | None,
-              util: str, users: str, auto: str | None, pinned: str | None) -> str:
+def _row_html(cell: str, css_class: str, index: str, device: Any, used: int | None,
+              total: int | None, util: str, users: str, auto: str | None, pinned: str | None,
+              name: str | None = None) -> str:
+    uuid = device.uuid
     marks = []
-    if uuid == pinned:
+    if uuid and uuid == pinned:
         marks.append("<b style='color:#060'>● pinned</b>")  # no emoji: many fonts lack it
-    if uuid == auto:
+    if uuid and uuid == auto:
         marks.append("<span style='color:#06c'>★ auto</span>")
-    background = " style='background:#eaf6ea'" if uuid == pinned else ""
-    cells = (html.escape(index), html.escape(name),
-             f"<code title='{html.escape(uuid)}'>{html.escape(short_uuid(uuid))}</code>",
+    if device.unusable is not None:
+        marks.append(f"<span style='color:#c00' title='{html.escape(device.unusable)}'>"
+                     "unusable</span>")
+    elif not device.in_allocation:
+        marks.append("<span style='color:#999'>outside allocation</span>")
+    if uuid and uuid == pinned:
+        background = " style='background:#eaf6ea'"
+    elif device.unusable is not None or not device.in_allocation:
+        background = " style='color:#999'"
+    else:
+        background = ""
+    uuid_cell = (f"<code title='{html.escape(uuid)}'>{html.escape(short_uuid(uuid))}</code>"
+                 if uuid else "?")
+    cells = (html.escape(index), html.escape(name or device.name), uuid_cell,
              memory_bar(used, total), html.escape(util), html.escape(users), " ".join(marks))
     return f"<tr class='{css_class}'{background}>" + "".join(
         f"<td {cell}>{c}</td>" for c in cells) + "</tr>"
 
 
-def _options(machine: Any, auto: str | None) -> list[tuple[str, str]]:
+def _options(machine: Any, auto: str | None, show_outside: bool = False) -> list[tuple[str, str]]:
     options = []
     for gpu in machine.gpus:
-        star = "  ★ auto" if gpu.uuid == auto else ""
-        options.append((f"GPU {gpu.index} · {gpu.name} · {short_uuid(gpu.uuid)}{star}", gpu.uuid))
+        if _offered(gpu, show_outside) and (not gpu.mig or any(
+                _offered(m, show_outside) for m in gpu.mig)):
+            star = "  ★ auto" if gpu.uuid == auto else ""
+            outside = "" if gpu.in_allocation else "  (outside allocation: forced)"
+            options.append((f"GPU {gpu.index} · {gpu.name} · {short_uuid(gpu.uuid)}{star}{outside}",
+                            gpu.uuid))
         for mig in gpu.mig:
+            if not _offered(mig, show_outside):
+                continue
             star = "  ★ auto" if mig.uuid == auto else ""
+            outside = "" if mig.in_allocation else "  (outside allocation: forced)"
             options.append((f"  MIG {gpu.index}:{mig.index} · {mig.name} · "
-                            f"{short_uuid(mig.uuid)}{star}", mig.uuid))
+                            f"{short_uuid(mig.uuid)}{star}{outside}", mig.uuid))
     options.append(("CPU (hide all GPUs)", "cpu"))
     return options

@@ -119,15 +119,31 @@ def _normalise(target: Any) -> str:
     return text
 
 
-def _with_mig(gpu: GpuInfo, how: str) -> Choice:
+def _usable(device: GpuInfo | MigInfo, force: bool) -> bool:
+    """Pinnable now: its UUID was read, and it is in the allocation (or the pin is forced)."""
+    return device.unusable is None and (force or device.in_allocation)
+
+
+def _with_mig(gpu: GpuInfo, how: str, force: bool = False) -> Choice:
     """A GPU in MIG mode cannot run CUDA work itself: use its MIG device with the most room."""
     if not gpu.mig:
         return Choice(gpu, None, how)
-    mig = max(gpu.mig, key=lambda m: (m.memory_free, -m.index))
+    candidates = [m for m in gpu.mig if _usable(m, force)]
+    if not candidates:  # none allowed: take a readable one, and let the allocation check refuse
+        candidates = [m for m in gpu.mig if m.unusable is None]
+    if not candidates:
+        reasons = "; ".join(f"MIG {gpu.index}/{m.index}: {m.unusable}" for m in gpu.mig)
+        raise TargetError(f"GPU {gpu.index} is in MIG mode, where CUDA can only use its MIG "
+                          f"devices, and none of them can be pinned ({reasons})")
+    mig = max(candidates, key=lambda m: (_known(m.memory_free), -m.index))
     note = (f"GPU {gpu.index} is in MIG mode, where CUDA can only use its MIG devices, so the "
             f"pin uses MIG device {mig.index} ({mig.name}, {mig.uuid}, the most free memory); "
             "pin a MIG UUID to choose another.")
     return Choice(gpu, mig, f"{how} {note}".strip())
+
+
+def _known(n: int | None) -> int:
+    return -1 if n is None else n  # unknown memory ranks below any known amount
 
 
 def _busy_text(gpu: GpuInfo) -> str:
@@ -137,55 +153,116 @@ def _busy_text(gpu: GpuInfo) -> str:
     return f"busy with {procs}"
 
 
-def _auto(machine: Machine) -> Choice:
-    # Respect an existing CUDA_VISIBLE_DEVICES (a scheduler's allocation) where it leaves any GPU.
-    visible = [g for g in machine.gpus if g.cuda_ordinal is not None] or list(machine.gpus)
-    skipped = [f"GPU {g.index}: hidden by CUDA_VISIBLE_DEVICES" for g in machine.gpus
-               if g not in visible]
-    idle = []
-    for gpu in visible:
-        if gpu.other_processes():
+def _no_gpu_for_auto(machine: Machine) -> TargetError:
+    if machine.allocation is not None and not any(g.in_allocation for g in machine.gpus):
+        return TargetError(
+            f"'auto' found no GPU in this kernel's allocation: {machine.allocation_text()}, so "
+            "this kernel was given no GPU. Pin 'cpu', or pin a GPU deliberately with --force "
+            "(`%singlecard 0 --force`, `singlecard_nb.pin(0, force=True)`).")
+    problems = "; ".join(f"GPU {g.index}: {g.unusable}" for g in machine.gpus if g.unusable)
+    return TargetError(f"'auto' found no GPU that can be pinned ({problems or machine.reason}); "
+                       "pin 'cpu'")
+
+
+def _auto(machine: Machine, force: bool = False) -> Choice:
+    candidates, skipped = [], []
+    for gpu in machine.gpus:
+        if gpu.unusable is not None:
+            skipped.append(f"GPU {gpu.index}: cannot be pinned ({gpu.unusable})")
+        elif not _usable(gpu, force):
+            skipped.append(f"GPU {gpu.index}: outside the allocation")
+        elif gpu.mig and not any(_usable(m, force) for m in gpu.mig):
+            skipped.append(f"GPU {gpu.index}: no MIG device of it can be pinned")
+        else:
+            candidates.append(gpu)
+    if not candidates:
+        raise _no_gpu_for_auto(machine)
+    idle, idle_mig, unknown, busy = [], [], [], []
+    for gpu in candidates:
+        if not gpu.processes_known:
+            unknown.append(gpu)
+            skipped.append(f"GPU {gpu.index}: its processes cannot be read "
+                           f"({gpu.why_unknown('processes')})")
+        elif gpu.other_processes():
+            busy.append(gpu)
             skipped.append(f"GPU {gpu.index}: {_busy_text(gpu)}")
         elif gpu.mig_enabled:
+            idle_mig.append(gpu)
             skipped.append(f"GPU {gpu.index}: in MIG mode")
         else:
             idle.append(gpu)
-    idle_mig = [g for g in visible if g.mig_enabled and not g.other_processes()]
 
     def free(g: GpuInfo) -> tuple[int, int]:
-        return (g.memory_free, -g.index)
+        return (_known(g.memory_free), -g.index)
 
     if idle:
         gpu = max(idle, key=free)
         why = f"the most free memory ({devices.gib(gpu.memory_free)} GiB) among idle GPUs"
     elif idle_mig:
-        gpu = max(idle_mig, key=lambda g: max(m.memory_free for m in g.mig))
+        gpu = max(idle_mig, key=lambda g: max(_known(m.memory_free) for m in g.mig
+                                              if _usable(m, force)))
         why = "no whole GPU is idle; its MIG devices are"
+    elif unknown:
+        gpu = max(unknown, key=free)
+        why = ("no GPU is known to be idle; NVML cannot say who uses this one, and it has the "
+               f"most free memory ({devices.gib(gpu.memory_free)} GiB) of those")
     else:
-        gpu = max(visible, key=free)
+        gpu = max(busy, key=free)
         why = ("every GPU is busy with other processes; this one has the most free memory "
                f"({devices.gib(gpu.memory_free)} GiB)")
+    skipped = [s for s in skipped if not s.startswith(f"GPU {gpu.index}:")]
     skipped_text = f"; skipped {'; '.join(skipped)}" if skipped else ""
-    return _with_mig(gpu, f"auto chose GPU {gpu.index} ({gpu.name}): {why}{skipped_text}.")
+    within = (" within the allocation" if machine.allocation is not None and not force else "")
+    return _with_mig(gpu, f"auto chose GPU {gpu.index} ({gpu.name}){within}: {why}"
+                          f"{skipped_text}.", force)
 
 
-def auto_choice(machine: Machine | None = None) -> Choice:
-    """The device `pin("auto")` would choose now, and why (the picker shows it before pinning)."""
+def auto_choice(machine: Machine | None = None, *, force: bool = False) -> Choice:
+    """The device `pin("auto")` would choose now, and why (the picker shows it before pinning).
+
+    Raises TargetError when no GPU can be chosen (none, none allowed, none readable).
+    """
     base_env = _base_environ(_environ if _environ is not None else os.environ)
     machine = devices.read_machine(base_env) if machine is None else machine.with_ordinals(base_env)
     if not machine.gpus:
         raise TargetError(f"'auto' asks for a GPU, but this machine has none ({machine.reason})")
-    return _auto(machine)
+    return _auto(machine, force)
 
 
-def _by_uuid(text: str, machine: Machine, accepted: str) -> Choice:
+def machine_view(machine: Machine | None = None,
+                 environ: MutableMapping[str, str] | None = None) -> Machine:
+    """The machine as this kernel sees it: CUDA ordinals under the current environment, and
+    the allocation (`in_allocation`) under the environment from before our pin.
+
+    machine: annotate this one instead of reading NVML (or SINGLECARD_NB_MACHINE).
+    """
+    environ = pinned_environ() if environ is None else environ
+    base = _base_environ(environ)
+    if machine is not None:
+        return machine.with_ordinals(environ, allocation_environ=base)
+    return devices.read_machine(environ, allocation_environ=base)
+
+
+def _outside_allocation(choice: Choice, machine: Machine, text: str) -> TargetError:
+    in_code = text if text.isdigit() else repr(text)
+    # Name what the user named: the GPU, unless a MIG device of an allowed GPU was asked for.
+    device = choice.gpu.label() if choice.mig is None or not choice.gpu.in_allocation else (
+        f"MIG device {choice.gpu.index}/{choice.mig.index} ({choice.mig.name}, {choice.mig.uuid})")
+    return TargetError(
+        f"{device} is outside this kernel's allocation: {machine.allocation_text()} (its value "
+        "before singlecard_nb pinned anything, as a scheduler such as Slurm or a device plugin "
+        "set it). Nothing was changed. To use that GPU anyway, deliberately (it may be someone "
+        f"else's): `%singlecard {text} --force`, or singlecard_nb.pin({in_code}, force=True).")
+
+
+def _by_uuid(text: str, machine: Machine, accepted: str, force: bool) -> Choice:
     wanted = text.lower()
     matches: list[tuple[GpuInfo, MigInfo | None]] = []
     for gpu in machine.gpus:
         for mig in (None, *gpu.mig):
             uuid = (gpu.uuid if mig is None else mig.uuid).lower()
             bare = re.sub(r"^(gpu|mig)-", "", uuid)
-            if uuid.startswith(wanted) or bare.startswith(wanted):
+            if uuid and (uuid.startswith(wanted) or bare.startswith(wanted)):
                 matches.append((gpu, mig))
     if not matches:
         raise TargetError(f"no GPU or MIG device has a UUID starting with {text!r}; "
@@ -198,10 +275,26 @@ def _by_uuid(text: str, machine: Machine, accepted: str) -> Choice:
         raise TargetError(f"UUID prefix {text!r} is ambiguous: it matches {names}; "
                           "give more characters")
     gpu, mig = matches[0]
-    return _with_mig(gpu, "") if mig is None else Choice(gpu, mig, "")
+    return _with_mig(gpu, "", force) if mig is None else Choice(gpu, mig, "")
 
 
-def _resolve(text: str, machine: Machine) -> Choice:
+def _resolve(text: str, machine: Machine, force: bool = False) -> Choice:
+    """The device `text` names, checked against the allocation and readability."""
+    choice = _name_to_device(text, machine, force)
+    if choice.gpu is None:
+        return choice
+    device = choice.mig or choice.gpu
+    if device.unusable is not None:
+        what = (f"GPU {choice.gpu.index}" if choice.mig is None
+                else f"MIG device {choice.gpu.index}/{choice.mig.index}")
+        raise TargetError(f"{what} cannot be pinned: {device.unusable}. Pin another device "
+                          "(`%singlecard list` says which can be)")
+    if not force and not device.in_allocation:
+        raise _outside_allocation(choice, machine, text)
+    return choice
+
+
+def _name_to_device(text: str, machine: Machine, force: bool) -> Choice:
     accepted = _accepted(machine)
     word = text.lower()
     if word == "cpu":
@@ -210,14 +303,14 @@ def _resolve(text: str, machine: Machine) -> Choice:
         raise TargetError(f"{text!r} asks for a GPU, but this machine has none "
                           f"({machine.reason}); accepted here: 'cpu'")
     if word == "auto":
-        return _auto(machine)
+        return _auto(machine, force)
     if text.isdigit():
         gpu = machine.by_index(int(text))
         if gpu is None:
             raise TargetError(f"there is no GPU with index {text}; accepted: {accepted}")
-        return _with_mig(gpu, "")
+        return _with_mig(gpu, "", force)
     if re.fullmatch(r"(?i)((gpu|mig)-)*[0-9a-f][0-9a-f/-]*|(gpu|mig)-", text):
-        return _by_uuid(text, machine, accepted)
+        return _by_uuid(text, machine, accepted, force)
     raise TargetError(f"{text!r} is not a pin target; accepted: {accepted}")
 
 
@@ -308,6 +401,7 @@ def pin(
     target: str | int,
     *,
     set_default: bool = False,
+    force: bool = False,
     environ: MutableMapping[str, str] | None = None,
     machine: Machine | None = None,
     driver: DriverState | None = None,
@@ -316,6 +410,8 @@ def pin(
 
     target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
     set_default: also make the device torch's default device (restored on release).
+    force: allow a GPU outside the kernel's allocation (the CUDA_VISIBLE_DEVICES it had
+        before our pin, e.g. set by a scheduler); without it such a target is refused.
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
     """
     global _state, _env_owner, _torch_owner, _environ
@@ -323,7 +419,7 @@ def pin(
     text = _normalise(target)
     base_env = _base_environ(environ)
     machine = devices.read_machine(base_env) if machine is None else machine.with_ordinals(base_env)
-    choice = _resolve(text, machine)
+    choice = _resolve(text, machine, force)
     driver = driver_probe.driver_state() if driver is None else driver
 
     # Decide everything that can fail before touching anything.
@@ -390,9 +486,9 @@ def pin(
             reason = (f"{note}CUDA_VISIBLE_DEVICES={choice.uuid} (with "
                       "CUDA_DEVICE_ORDER=PCI_BUS_ID) was set before CUDA started, so this "
                       "process sees only this device, as cuda:0.")
-            if choice.gpu.cuda_ordinal is None and base_env.get("CUDA_VISIBLE_DEVICES"):
-                reason += (" Note: the previous CUDA_VISIBLE_DEVICES="
-                           f"{base_env['CUDA_VISIBLE_DEVICES']} did not include this GPU.")
+            if not (choice.mig or choice.gpu).in_allocation:
+                reason += (f" Forced outside this kernel's allocation ({machine.allocation_text()})"
+                           "; it may be someone else's GPU.")
             if choice.gpu.other_processes():
                 reason += f" Note: GPU {choice.gpu.index} is also {_busy_text(choice.gpu)}."
             reason += _no_cuda_torch_note()

@@ -45,11 +45,14 @@ class Status:
     env_after: dict[str, str | None]
     driver_started: bool
     driver_how: str
-    memory: dict[str, int] | None  # total / used / free bytes on the pinned card, from NVML
+    memory: dict[str, Any] | None  # total / used / free bytes on the pinned card, from NVML
+    # (and "unknown": why NVML could not read them, or None)
     default_device: bool = False
     single_card: bool = False
     active: list[tuple[str, list[str]]] = field(default_factory=list)  # owner -> change labels
     parallel: dict[str, Any] | None = None  # parallel.report() when single-card code is loaded
+    allocation: str | None = None  # what the kernel's own CUDA_VISIBLE_DEVICES allows, in words
+    machine_error: str | None = None  # why the GPUs could not be read (a broken machine file)
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, text) pairs: the content both renderings show."""
@@ -73,12 +76,19 @@ class Status:
             before, after = self.env_before.get(name), self.env_after.get(name)
             text = _env_text(after) if before == after else f"{_env_text(before)} -> {_env_text(after)}"
             rows.append((name, text))
+        if self.allocation is not None:
+            rows.append(("allocation", self.allocation))
+        if self.machine_error is not None:
+            rows.append(("GPUs", f"cannot be read: {self.machine_error}"))
         rows.append(("CUDA driver", ("started" if self.driver_started else "not started")
                      + f" ({self.driver_how})"))
         if self.memory is not None:
             m = self.memory
-            rows.append(("memory (NVML)", f"{gib(m['used'])} / {gib(m['total'])} GiB "
-                                          f"used, {gib(m['free'])} GiB free"))
+            if m.get("unknown"):
+                rows.append(("memory (NVML)", f"unknown: {m['unknown']}"))
+            else:
+                rows.append(("memory (NVML)", f"{gib(m['used'])} / {gib(m['total'])} GiB "
+                                              f"used, {gib(m['free'])} GiB free"))
         if self.mode != "none":
             rows.append(("options", f"default device: {'yes' if self.default_device else 'no'}; "
                                     f"single-card mode requested: {'yes' if self.single_card else 'no'}"))
@@ -114,19 +124,42 @@ def _env_text(value: str | None) -> str:
     return repr(value) if value == "" else value
 
 
-def _memory(state: PinState, environ: Mapping[str, str]) -> dict[str, int] | None:
-    if state.gpu is None:
+def _memory(state: PinState | None, machine: devices.Machine | None) -> dict[str, Any] | None:
+    if state is None or state.gpu is None or machine is None:
         return None
-    machine = devices.read_machine(environ)
     for gpu in machine.gpus:
         if state.mig is not None:
             for mig in gpu.mig:
                 if mig.uuid == state.mig.uuid:
-                    return {"total": mig.memory_total, "used": mig.memory_used,
-                            "free": mig.memory_free}
+                    return _figures(mig.memory_total, mig.memory_used, mig.memory_free,
+                                    dict(mig.unknown).get("memory"))
         elif gpu.uuid == state.gpu.uuid:
-            return {"total": gpu.memory_total, "used": gpu.memory_used, "free": gpu.memory_free}
+            return _figures(gpu.memory_total, gpu.memory_used, gpu.memory_free,
+                            gpu.why_unknown("memory"))
     return None
+
+
+def _figures(total: int | None, used: int | None, free: int | None,
+             unknown: str | None) -> dict[str, Any]:
+    figures: dict[str, Any] = {"total": total, "used": used, "free": free}
+    if unknown is not None:
+        figures["unknown"] = unknown
+    return figures
+
+
+def _read(state: PinState | None, environ: Mapping[str, str]) -> tuple[Any, str | None]:
+    """The machine (ordinals now, allocation as before the pin), or why it cannot be read."""
+    before = dict(environ)
+    if state is not None and "CUDA_VISIBLE_DEVICES" in state.env_before:
+        value = state.env_before["CUDA_VISIBLE_DEVICES"]
+        if value is None:
+            before.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            before["CUDA_VISIBLE_DEVICES"] = value
+    try:
+        return devices.read_machine(environ, allocation_environ=before), None
+    except devices.MachineFileError as e:  # status is where one looks when things go wrong
+        return None, str(e)
 
 
 def build_status(
@@ -144,12 +177,15 @@ def build_status(
     now = {name: environ.get(name) for name in _ENV_VARS}
     driver = driver_probe.driver_state()
     active = active or []
+    machine, machine_error = _read(state, environ)
+    allocation = None if machine is None else machine.allocation_text()
     if state is None:
         return Status(
             mode="none", target=None, gpu_index=None, gpu_name=None, gpu_uuid=None,
             mig_uuid=None, torch_device=None, reason="", hard=False, env_before=now,
             env_after=now, driver_started=driver.started, driver_how=driver.how, memory=None,
-            active=active, parallel=parallel,
+            active=active, parallel=parallel, allocation=allocation,
+            machine_error=machine_error,
         )
     gpu = state.gpu
     return Status(
@@ -161,6 +197,7 @@ def build_status(
         torch_device=str(state.torch_device), reason=state.reason, hard=state.hard,
         env_before=dict(state.env_before), env_after=now,
         driver_started=driver.started, driver_how=driver.how,
-        memory=_memory(state, environ), default_device=state.default_device,
+        memory=_memory(state, machine), default_device=state.default_device,
         single_card=state.single_card, active=active, parallel=parallel,
+        allocation=allocation, machine_error=machine_error,
     )
