@@ -506,9 +506,10 @@ class RankComparison:
             return (f"all {len(self.all_ranks)} ranks agree with rank {self.reference} within "
                     f"rtol={self.rtol:g}, atol={self.atol:g}")
         others = ", ".join(str(r) for r in self.ranks)
-        return (f"rank{'s' if len(self.ranks) > 1 else ''} {others} differ"
-                f"{'s' if len(self.ranks) == 1 else ''} from rank {self.reference}; "
-                f"first divergence: {self.first}")
+        who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
+        first = dataclasses.replace(self.first, rank=None)
+        return (f"{who} from rank {self.reference}; first divergence, on rank "
+                f"{self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
         parts = [f"<div class='singlecard-compare-ranks'><p><b>{html.escape(self._headline())}"
