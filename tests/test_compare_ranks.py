@@ -121,7 +121,7 @@ def test_the_job_computes_what_one_card_computes_with_the_global_batch(runs):
     assert "param_grad tensors not compared" in notes
     assert "shape differs in" in notes and "(16, 20) vs (32, 20)" in notes
     # and the planted desync is a divergence from the single card too
-    assert scn.compare(runs["param"][0], single_out).first is not None
+    assert scn.compare(runs["param"][0], single_out).first.rank in (0, 1)
 
 
 def test_a_dropout_seed_that_differs_shows_at_the_dropout(tmp_path):

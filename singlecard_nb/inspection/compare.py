@@ -252,6 +252,8 @@ class Comparison:
         rank = None
         if self.by_rank:
             rank = int(row["rank"])
+        elif len(self.ranks_a) > 1:  # a job against one run: which of its ranks
+            rank = int(row["rank_a"])
         return Divergence(int(row["step"]), row["module"], int(row["call"]), row["io"],
                           row["index"], stat, float(row[f"{stat}_a"]), float(row[f"{stat}_b"]),
                           float(row["rel"]), row.get("type"), rank)
@@ -602,13 +604,16 @@ def _divergence_plot(frame, stat: str | None, rtol: float, first: Divergence | N
         colour, marker = _IO_STYLE.get(io, ("#17becf", "x"))
         ax.plot(x, y, linestyle="none", marker=marker, color=colour, label=io, alpha=0.85)
     ax.axhline(rtol, color="#d62728", linestyle="--", linewidth=1, label=f"rtol {rtol:g}")
+    ax.axhline(floor, color="#bbbbbb", linewidth=0.8)
+    ax.annotate("equal", (1, floor), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                textcoords="offset points", ha="right", fontsize=7, color="#888888")
     if first is not None and first.module in place and (stat is None or stat == first.stat):
         value = min(max(first.rel if math.isfinite(first.rel) else ceiling, floor), ceiling)
         ax.annotate(f"first: step {first.step} {first.io}", (place[first.module], value),
                     xytext=(8, 8), textcoords="offset points", fontsize=8, color="#d62728",
                     arrowprops={"arrowstyle": "->", "color": "#d62728"})
     ax.set_yscale("log")
-    ax.set_ylim(floor, ceiling)
+    ax.set_ylim(floor / 3, ceiling)  # equal values sit on the floor, fully visible
     step = max(1, len(modules) // 40)
     ax.set_xticks(range(0, len(modules), step))
     ax.set_xticklabels([m or "(root)" for m in modules[::step]], rotation=60, ha="right",
@@ -616,5 +621,5 @@ def _divergence_plot(frame, stat: str | None, rtol: float, first: Divergence | N
     ax.set_xlabel("module, in execution order")
     ax.set_ylabel(f"largest relative difference ({stat or 'worst statistic'})")
     ax.set_title(f"{labels[0]} vs {labels[1]}: divergence per module", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # never over a point
     return fig

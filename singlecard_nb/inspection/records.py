@@ -99,14 +99,26 @@ def _kind(series) -> str:
 
 
 def _column_values(series, kind: str) -> list:
+    """Python values SQLite can bind (None for missing; SQLite stores a float NaN as NULL)."""
     if kind in ("tuple", "json"):
-        return [None if v is None else json.dumps(v, default=str) for v in series]
+        encoded: dict = {}  # shapes repeat: encode each distinct one once
+
+        def encode(value):
+            try:
+                text = encoded.get(value)
+            except TypeError:  # a list: not hashable
+                return json.dumps(value, default=str)
+            if text is None:
+                text = encoded[value] = json.dumps(value, default=str)
+            return text
+
+        return [None if v is None else encode(v) for v in series]
+    if kind.startswith(("float", "int", "uint", "bool")):  # numpy dtypes: no missing values
+        return series.to_numpy().tolist()
     values = series.astype(object).where(series.notna(), None)
-    if kind in ("bool", "boolean"):
+    if kind.startswith(("Int", "UInt", "boolean")):
         return [None if v is None else int(v) for v in values]
-    if kind.startswith(("int", "uint", "Int", "UInt")):
-        return [None if v is None else int(v) for v in values]
-    if kind.startswith(("float", "Float")):
+    if kind.startswith("Float"):
         return [None if v is None else float(v) for v in values]
     return [None if v is None else str(v) for v in values]
 
@@ -208,8 +220,9 @@ def _restore(series, kind: str):
     import pandas as pd
 
     if kind == "tuple":
-        return pd.Series([None if v is None else tuple(json.loads(v)) for v in series],
-                         index=series.index, dtype=object)
+        decoded: dict[str, tuple] = {}
+        return pd.Series([None if v is None else decoded.get(v) or decoded.setdefault(
+            v, tuple(json.loads(v))) for v in series], index=series.index, dtype=object)
     if kind == "json":
         return pd.Series([None if v is None else json.loads(v) for v in series],
                          index=series.index, dtype=object)
