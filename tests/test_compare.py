@@ -232,6 +232,18 @@ def test_params_records_parameters_after_each_optimiser_step_and_gives_the_hook_
     assert rows.index("param") > max(i for i, io in enumerate(rows) if io == "param_grad")
 
 
+def test_params_hook_is_given_back_when_the_training_loop_raises():
+    hooks_before = len(optim_globals._global_optimizer_post_hooks)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="the user's own error"):
+        with scn.inspect(model, params=True):
+            model(torch.randn(2, 8)).sum().backward()
+            optimizer.step()
+            raise RuntimeError("the user's own error")
+    assert len(optim_globals._global_optimizer_post_hooks) == hooks_before
+
+
 def test_params_without_an_optimiser_says_so():
     model = mlp()
     with pytest.warns(RuntimeWarning, match="no torch.optim optimiser stepped"):

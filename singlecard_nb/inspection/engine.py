@@ -435,9 +435,13 @@ class Inspector:
             if target is not None:
                 for name, param in module.named_parameters(recurse=False):
                     self._param_targets.setdefault(id(param), (target, name))
-        owner.add_handle(register_optimizer_step_post_hook(wrap(self._on_optimizer_step)),
-                         "optimizer step hook")
-        owner.on_restore(self._warn_if_no_optimizer_step, "params check")
+        handle = register_optimizer_step_post_hook(wrap(self._on_optimizer_step))
+
+        def remove() -> None:
+            handle.remove()
+            self._warn_if_no_optimizer_step()  # when inspection ends: say if nothing was seen
+
+        owner.on_restore(remove, "optimizer step hook")
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self._owner is None or not self._recording:
