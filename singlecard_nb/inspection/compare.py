@@ -207,7 +207,7 @@ class Comparison:
         rel, over = _differences(merged, self.stats, self.rtol, self.atol, scale_by_std)
 
         out = merged[keys].copy()
-        if not self.by_rank and self.ranks_a + self.ranks_b != [0, 0]:
+        if not self.by_rank and self.ranks_a != self.ranks_b:  # which rank met which
             out["rank_a"] = merged["_rank_a"].astype("Int64")
             out["rank_b"] = merged["_rank_b"].astype("Int64")
         if "type" in described:
