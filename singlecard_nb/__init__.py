@@ -28,6 +28,9 @@ _EXPORTS = {
     "inspect": "inspection.engine",
     "Inspector": "inspection.engine",
     "NonFiniteError": "inspection.engine",
+    "compare": "inspection.compare",
+    "compare_ranks": "inspection.compare",
+    "load": "inspection.records",
     "picker": "notebook.picker",
 }
 

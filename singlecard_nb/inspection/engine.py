@@ -171,7 +171,7 @@ class Inspector:
     def __init__(self, model: nn.Module, include=None, exclude=None, every: int = 1,
                  grads: bool = False, trap: bool = False, max_rows: int | None = None,
                  inputs: bool | str = "root", hist=None, hist_bins: int = 64,
-                 exact_std: bool = False, steps: str = "forward"):
+                 exact_std: bool = False, steps: str = "forward", params: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"inspect() needs an nn.Module, got {type(model).__name__}")
         if not isinstance(every, int) or every < 1:
@@ -210,6 +210,8 @@ class Inspector:
         self._step = -1
         self._recording = False
         self._manual_steps = steps == "manual"
+        self.params = params
+        self._optimizer_steps = 0  # optimiser steps that updated this model's parameters
         self._root_depth = 0
         self._calls: dict[int, int] = {}
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, _version, slot): dedupe
@@ -245,6 +247,8 @@ class Inspector:
             owner.on_restore(self._remove_global_hook, "module forward hooks")
             if self.grads:
                 self._attach_param_hooks(owner, wrap)
+            if self.params:
+                self._attach_optimizer_hook(owner, wrap)
         except BaseException:
             owner.restore()
             raise
@@ -279,10 +283,31 @@ class Inspector:
         self._flush()
 
     # --- results ----------------------------------------------------------------------------
-    def frame(self):
-        """All recorded rows as a pandas DataFrame (columns: `COLUMNS`)."""
+    def frame(self, ranks: str | None = None):
+        """All recorded rows as a pandas DataFrame (columns: `COLUMNS`).
+
+        ranks: None for this process's rows; "all" for every rank's rows of a torch.distributed
+            job, gathered on its process group (a collective: call it on every rank). Outside a
+            multi-process job both give this process's rows.
+        """
+        from .records import gather
+
         self._flush()
-        return _to_frame(self._records)
+        return gather(_to_frame(self._records), ranks)
+
+    def save(self, path: str | os.PathLike):
+        """Write this process's records to an SQLite file; returns the path written.
+
+        In a job of several processes each rank writes its own file: `run.db` becomes
+        `run.rank<N>.db` (or put `{rank}` in the path, or give a directory). Read them back,
+        all ranks merged, with `singlecard_nb.load(path)`.
+        """
+        from .records import save
+
+        return save(self.frame(), path, meta={
+            "model": type(self.model).__name__, "every": self.every, "grads": self.grads,
+            "params": self.params, "include": self.include, "exclude": self.exclude,
+            "steps_recorded": self.steps_recorded, "rows_dropped": self._dropped})
 
     def last_step(self):
         """Rows of the latest recorded step whose statistics reached the host."""
@@ -398,6 +423,47 @@ class Inspector:
                 hook = wrap(self._param_grad_hook(target, name))
                 owner.add_handle(param.register_post_accumulate_grad_hook(hook),
                                  f"grad hook {target.path}.{name}")
+
+    def _attach_optimizer_hook(self, owner: Borrowed, wrap) -> None:
+        """params=True: after each optimiser step, record the parameters it updated and the
+        gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._param_targets: dict[int, tuple[_Target, str]] = {}
+        for module in self.model.modules():
+            target = self._targets.get(id(module))
+            if target is not None:
+                for name, param in module.named_parameters(recurse=False):
+                    self._param_targets.setdefault(id(param), (target, name))
+        handle = register_optimizer_step_post_hook(wrap(self._on_optimizer_step))
+
+        def remove() -> None:
+            handle.remove()
+            self._warn_if_no_optimizer_step()  # when inspection ends: say if nothing was seen
+
+        owner.on_restore(remove, "optimizer step hook")
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._owner is None or not self._recording:
+            return
+        mine = [(p, *self._param_targets[id(p)]) for group in optimizer.param_groups
+                for p in group["params"] if id(p) in self._param_targets]
+        if mine:
+            self._optimizer_steps += 1
+        for param, target, name in mine:
+            key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
+            call = self._calls.get(key, 0)
+            self._calls[key] = call + 1
+            self._guarded(self._record_tensor, target, call, "param", name, param.detach())
+            if param.grad is not None:
+                self._guarded(self._record_tensor, target, call, "step_grad", name, param.grad)
+
+    def _warn_if_no_optimizer_step(self) -> None:
+        if self._optimizer_steps == 0 and self._step >= 0:
+            warnings.warn(
+                "singlecard_nb: params=True, but no torch.optim optimiser stepped this model's "
+                "parameters on a recorded step, so there are no 'param' / 'step_grad' rows "
+                "(parameters updated by hand are not seen).", RuntimeWarning, stacklevel=4)
 
     def _install_global_hook(self) -> None:
         if self._global_handle is None:
@@ -672,7 +738,7 @@ def _aggregate(frame):
 def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads: bool = False,
             trap: bool = False, max_rows: int | None = None, *, inputs: bool | str = "root",
             hist=None, hist_bins: int = 64, exact_std: bool = False,
-            steps: str = "forward") -> Inspector:
+            steps: str = "forward", params: bool = False) -> Inspector:
     """Inspect `model`: use as `with inspect(model) as insp:` or call `.start()` / `.stop()`.
 
     include, exclude: glob patterns (str, comma-separated str, or list) matched against module
@@ -690,6 +756,10 @@ def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads:
     exact_std: two-pass exact std instead of the one-pass sum of squares (slower).
     steps: "forward" (each call of `model` is a step) or "manual" (only `insp.step()`
         advances; for gradient accumulation).
+    params: after each optimiser step (torch.optim), record every parameter it updated
+        ("param", index = parameter name) and the gradient it used ("step_grad": under DDP
+        after the all-reduce). Parameters identical across ranks are what DDP promises;
+        `compare_ranks` checks them.
     """
     return Inspector(model, include, exclude, every, grads, trap, max_rows, inputs, hist,
-                     hist_bins, exact_std, steps).start()
+                     hist_bins, exact_std, steps, params).start()

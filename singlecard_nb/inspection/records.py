@@ -1,0 +1,257 @@
+"""Records that outlive the process: saved per rank, loaded and merged, gathered across a job.
+
+The file format is SQLite, one file per rank. Why: pandas reads it with nothing but Python's own
+`sqlite3` (`pd.read_sql_query("select * from records", sqlite3.connect(path))`), it stores
+float64 exactly (JSON keeps 15 digits, CSV needs care), it is safe to open (a pickle runs code
+and breaks across pandas versions: a cluster job and a laptop often differ), and any tool can
+query it. Parquet and Feather would need pyarrow, HDF5 PyTables: heavy for a debugging aid.
+SQLite has no column types for tuples or nullable integers, so a second table lists each
+column's pandas type and `load` restores it: shapes come back as tuples, counts as Int64.
+
+Nothing here knows the frame's columns beyond their types, so a column added to the frame later
+is saved and loaded like the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = 1
+ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# pandas type -> SQLite column type
+_SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INTEGER",
+              "bool": "INTEGER", "boolean": "INTEGER", "float": "REAL", "Float": "REAL"}
+
+
+def job() -> tuple[int, int]:
+    """(rank, world size) of this process in its torch.distributed job; (0, 1) outside one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    # torchrun sets these before the script creates its process group
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def gather(frame, ranks: str | None = None):
+    """Every rank's rows (ranks="all") or this process's (ranks=None).
+
+    Under a multi-process job this is a collective on the default process group: every rank
+    must call it. Only the frames of statistics travel (pickled by all_gather_object), never a
+    tensor of the model.
+    """
+    import pandas as pd
+
+    if ranks not in (None, "all"):
+        raise ValueError(f"ranks must be None (this process) or 'all'; got {ranks!r}")
+    dist = torch.distributed
+    if ranks is None or not (dist.is_available() and dist.is_initialized()):
+        return frame
+    world = dist.get_world_size()
+    if world == 1:
+        return frame
+    frames: list[Any] = [None] * world
+    dist.all_gather_object(frames, frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+# --- saving -----------------------------------------------------------------------------------
+def rank_path(path: str | os.PathLike, rank: int, world_size: int) -> Path:
+    """Where rank `rank` writes: `{rank}` in the path is filled in; a directory gets
+    `rank<N>.db`; in a job of several processes `run.db` becomes `run.rank<N>.db`."""
+    text = os.fspath(path)
+    if "{rank}" in text:
+        return Path(text.format(rank=rank))
+    target = Path(text)
+    if target.is_dir() or text.endswith(("/", os.sep)):
+        return target / f"rank{rank}.db"
+    if world_size > 1:
+        return target.with_name(f"{target.stem}.rank{rank}{target.suffix}")
+    return target
+
+
+def _kind(series) -> str:
+    """How a column is stored and restored: a pandas dtype name, or tuple / json / str."""
+    import pandas as pd
+
+    dtype = series.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        return "boolean" if isinstance(dtype, pd.BooleanDtype) else "bool"
+    if pd.api.types.is_numeric_dtype(dtype):
+        return str(dtype)
+    if not pd.api.types.is_object_dtype(dtype):  # pandas' string dtype, categoricals, datetimes: kept as text
+        return "str"
+    values = series.dropna()
+    if len(values) and all(isinstance(v, tuple) for v in values):
+        return "tuple"
+    if all(isinstance(v, str) for v in values):
+        return "str"
+    return "json"
+
+
+def _column_values(series, kind: str) -> list:
+    """Python values SQLite can bind (None for missing; SQLite stores a float NaN as NULL)."""
+    if kind in ("tuple", "json"):
+        encoded: dict = {}  # shapes repeat: encode each distinct one once
+
+        def encode(value):
+            try:
+                text = encoded.get(value)
+            except TypeError:  # a list: not hashable
+                return json.dumps(value, default=str)
+            if text is None:
+                text = encoded[value] = json.dumps(value, default=str)
+            return text
+
+        return [None if v is None else encode(v) for v in series]
+    if kind.startswith(("float", "int", "uint", "bool")):  # numpy dtypes: no missing values
+        return series.to_numpy().tolist()
+    values = series.astype(object).where(series.notna(), None)
+    if kind.startswith(("Int", "UInt", "boolean")):
+        return [None if v is None else int(v) for v in values]
+    if kind.startswith("Float"):
+        return [None if v is None else float(v) for v in values]
+    return [None if v is None else str(v) for v in values]
+
+
+def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
+    """Write `frame` (one process's rows) to an SQLite file for this rank; returns its path.
+
+    The file is written beside its final name and moved into place, so a reader never sees a
+    half-written file and an earlier file of the same name is replaced whole.
+    """
+    rank, world_size = job()
+    target = rank_path(path, rank, world_size)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    kinds = {name: _kind(frame[name]) for name in frame.columns}
+    info = {"format": FORMAT, "rank": rank, "world_size": world_size,
+            "created": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": os.uname().nodename if hasattr(os, "uname") else "", **(meta or {})}
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial.unlink(missing_ok=True)
+    try:
+        with sqlite3.connect(partial) as db:
+            names = [_quoted(name) for name in frame.columns]
+            types = [_SQL_TYPES.get(kind.rstrip("0123456789"), "TEXT") for kind in kinds.values()]
+            db.execute(f"CREATE TABLE {ROWS_TABLE} "
+                       f"({', '.join(f'{n} {t}' for n, t in zip(names, types))})")
+            columns = [_column_values(frame[name], kind) for name, kind in kinds.items()]
+            db.executemany(f"INSERT INTO {ROWS_TABLE} VALUES ({', '.join('?' * len(names))})",
+                           zip(*columns))
+            db.execute(f"CREATE TABLE {COLUMNS_TABLE} (position INTEGER, name TEXT, kind TEXT)")
+            db.executemany(f"INSERT INTO {COLUMNS_TABLE} VALUES (?, ?, ?)",
+                           [(i, str(n), k) for i, (n, k) in enumerate(kinds.items())])
+            db.execute(f"CREATE TABLE {META_TABLE} (key TEXT, value TEXT)")
+            db.executemany(f"INSERT INTO {META_TABLE} VALUES (?, ?)",
+                           [(k, json.dumps(v, default=str)) for k, v in info.items()])
+        db.close()
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def _quoted(name: Any) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+# --- loading ----------------------------------------------------------------------------------
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def find(path_or_glob: str | os.PathLike | Iterable) -> list[Path]:
+    """The record files meant by a path, a directory, a glob, or a list of those."""
+    if not isinstance(path_or_glob, (str, os.PathLike)):
+        return [p for item in path_or_glob for p in find(item)]
+    text = os.fspath(path_or_glob)
+    target = Path(text)
+    if target.is_dir():
+        files = sorted(p for p in target.iterdir() if p.is_file() and _is_sqlite(p))
+    elif target.is_file():
+        files = [target]
+    else:
+        files = [Path(p) for p in sorted(glob.glob(text)) if Path(p).is_file()]
+        if not files:  # `run.db` saved by several ranks is run.rank0.db, run.rank1.db ...
+            files = [Path(p) for p in sorted(glob.glob(glob.escape(
+                str(target.with_name(target.stem))) + ".rank*" + glob.escape(target.suffix)))]
+    if not files:
+        raise FileNotFoundError(
+            f"no saved records at {text!r}: give a file written by insp.save(), a directory of "
+            "them, or a glob such as 'runs/ddp.rank*.db'")
+    return files
+
+
+def _read_one(path: Path):
+    import pandas as pd
+
+    if not _is_sqlite(path):
+        raise ValueError(f"{str(path)!r} is not a file written by insp.save() (not SQLite)")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        if not {ROWS_TABLE, COLUMNS_TABLE, META_TABLE} <= tables:
+            raise ValueError(f"{str(path)!r} is an SQLite file but not one written by insp.save()")
+        meta = {k: json.loads(v) for k, v in db.execute(f"SELECT key, value FROM {META_TABLE}")}
+        kinds = dict(db.execute(f"SELECT name, kind FROM {COLUMNS_TABLE} ORDER BY position"))
+        frame = pd.read_sql_query(f"SELECT * FROM {ROWS_TABLE}", db)
+    db.close()
+    if meta.get("format", 0) > FORMAT:
+        raise ValueError(f"{str(path)!r} was written by a newer singlecard_nb (format "
+                         f"{meta['format']}); upgrade singlecard_nb to read it")
+    for name, kind in kinds.items():
+        frame[name] = _restore(frame[name], kind)
+    return frame, meta
+
+
+def _restore(series, kind: str):
+    import pandas as pd
+
+    if kind == "tuple":
+        decoded: dict[str, tuple] = {}
+        return pd.Series([None if v is None else decoded.get(v) or decoded.setdefault(
+            v, tuple(json.loads(v))) for v in series], index=series.index, dtype=object)
+    if kind == "json":
+        return pd.Series([None if v is None else json.loads(v) for v in series],
+                         index=series.index, dtype=object)
+    if kind == "str":
+        return series.astype("str") if series.notna().all() else series
+    if kind == "bool":
+        return series.astype(bool)
+    return series.astype(kind)
+
+
+def load(path_or_glob: str | os.PathLike | Iterable):
+    """One frame from saved records: a file, a directory, a glob or a list (all ranks of a job).
+
+    Files are merged rank by rank, each in its own execution order. Two files of the same rank
+    are two runs, not one job: load them separately and compare them.
+    """
+    import pandas as pd
+
+    frames, sources = [], {}
+    for path in find(path_or_glob):
+        frame, meta = _read_one(path)
+        rank = meta.get("rank", 0)
+        if rank in sources:
+            raise ValueError(
+                f"{str(sources[rank])!r} and {str(path)!r} both hold rank {rank}: they are two "
+                "runs, not one job. Load each with scn.load() and compare them with scn.compare().")
+        sources[rank] = path
+        frames.append((rank, frame))
+    frames.sort(key=lambda item: item[0])
+    merged = pd.concat([f for _, f in frames], ignore_index=True)
+    merged.attrs["singlecard_nb"] = {"files": [str(sources[r]) for r, _ in frames]}
+    return merged
