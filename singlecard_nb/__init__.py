@@ -28,6 +28,8 @@ _EXPORTS = {
     "inspect": "inspection.engine",
     "Inspector": "inspection.engine",
     "NonFiniteError": "inspection.engine",
+    "explain": "inspection.explain",
+    "Explanation": "inspection.explain",
     "picker": "notebook.picker",
 }
 

@@ -23,6 +23,10 @@ def load(shell: Any) -> None:
         shell.register_magics(instance)
     _registered[id(shell)] = instances
 
+    from . import explain_cells
+
+    explain_cells.start(shell)  # explain failing cells by default; `%singlecard explain off`
+
     target = os.environ.get("SINGLECARD_NB_DEVICE", "").strip()
     if target:
         from .magics import pin_at_load
