@@ -427,7 +427,8 @@ def test_final_layer_norm_sized_for_another_width():
 def test_sequence_longer_than_the_position_table():
     exp = explained(TinyGPT(block_size=16), torch.randint(0, 100, (2, 20)))
     assert exp.module == "wpe" and exp.module_type == "Embedding"
-    has(exp.hint, "has 16 rows (num_embeddings: ids 0..15); its input holds ids up to 19")
+    has(exp.hint, "has 16 rows (num_embeddings: ids 0..15); its input holds ids 0..19, positions: "
+                  "the sequence (20) is longer than the 16 positions it holds", "crop the inputs")
 
 
 def test_token_ids_beyond_the_vocabulary():

@@ -273,7 +273,9 @@ def _join(parent: str, name: str) -> str:
 
 
 def _label(module_type: str, path: str) -> str:
-    return f"{module_type} '{path}'" if path else module_type
+    # "" is the outermost module; "<Type>" one with no name (made inside its caller's forward)
+    named = path and not path.rpartition(".")[2].startswith("<")
+    return f"{module_type} '{path}'" if named else module_type
 
 
 # --- describing tensors --------------------------------------------------------------------

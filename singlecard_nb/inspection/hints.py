@@ -421,6 +421,12 @@ def embedding_range(f: Failure) -> str | None:
     rows = f.module.num_embeddings
     low, high = int(x.min()), int(x.max())
     text = f"{f.label} has {rows} rows (num_embeddings: ids 0..{rows - 1}); its input holds ids "
+    length = x.shape[-1] if x.dim() else 0
+    if high >= rows and high == length - 1 and torch.equal(
+            x.reshape(-1, length)[0].cpu(), torch.arange(length)):
+        return (text + f"0..{high}, positions: the sequence ({length}) is longer than the {rows} "
+                f"positions it holds; crop the inputs to {rows} tokens (or build the model with "
+                "more positions: max_position_embeddings, n_positions, block_size)")
     if high >= rows:
         text += f"up to {high}: is the tokenizer's or data's vocabulary larger than the model's?"
         return text
