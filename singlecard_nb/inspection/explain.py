@@ -236,8 +236,21 @@ def _where(exc: BaseException) -> tuple[str | None, str | None]:
         return None, None
     filename, lineno, function, module_globals = found
     source = linecache.getline(filename, lineno, module_globals).strip() or None
+    cell = _notebook_cell(filename)
+    if cell is not None:
+        return f"{cell}, line {lineno} in {function}", source
     name = os.path.basename(filename) if os.path.isfile(filename) else filename
     return f"{name}:{lineno} in {function}", source
+
+
+def _notebook_cell(filename: str) -> str | None:
+    """"In[5]" for code of a notebook cell, as IPython's own tracebacks name it (else None)."""
+    if "IPython" not in sys.modules:  # never import IPython here: scripts and torchrun run without
+        return None
+    shell = sys.modules["IPython"].get_ipython()
+    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    named = format_code_name(filename) if format_code_name is not None else None
+    return named[1] if named else None
 
 
 # --- naming modules ------------------------------------------------------------------------
