@@ -566,7 +566,7 @@ def test_parameters_on_the_meta_device():
         model = MultiTask()  # built without memory (as for a large checkpoint), never materialised
     exp = explained(model, torch.randn(4, 20))
     assert exp.module == "trunk.0" and exp.params[0] == ("weight", (32, 20), "float32", "meta")
-    has(exp.hint, "Linear 'trunk.0''s parameters are on the meta device", "to_empty")
+    has(exp.hint, "Linear 'trunk.0' has its parameters on the meta device", "to_empty")
 
 
 def test_layers_in_a_plain_list_were_not_moved_by_to():
@@ -689,7 +689,7 @@ def test_non_finite_output_from_a_corrupted_weight():
     assert isinstance(error, scn.NonFiniteError)
     exp = scn.explain(error)
     assert exp.module == "classifier.0" and shapes(exp) == [(2, 512)]
-    has(exp.hint, "Linear 'classifier.0''s own weight holds 1 NaN", "corrupted")
+    has(exp.hint, "Linear 'classifier.0' has 1 NaN in its own weight", "corrupted")
 
 
 def test_non_finite_output_made_by_the_module_itself():
@@ -842,3 +842,70 @@ def test_shapes_and_numbers_in_hints_are_the_real_ones():
         exp = explained(model, torch.randn(5, width + 1))
         assert exp.hint.endswith(f"to be {width} (in_features); it got {width + 1}")
         assert math.prod(exp.params[0][1]) == 3 * width
+
+
+# --- more of the rules, each in the context where it happens ------------------------------------
+
+
+class PositionalEncoding(nn.Module):
+    """The sinusoidal table of the PyTorch tutorial: a buffer of max_len positions."""
+
+    def __init__(self, d_model=8, max_len=16):
+        super().__init__()
+        self.max_len = max_len
+        position = torch.arange(max_len).unsqueeze(1)
+        div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(1, max_len, d_model)
+        pe[0, :, 0::2], pe[0, :, 1::2] = torch.sin(position * div), torch.cos(position * div)
+        self.register_buffer("pe", pe)
+
+    def forward(self, x):
+        return x + self.pe[:, : x.size(1)]
+
+
+class Patchify(nn.Module):
+    def __init__(self, patch=4):
+        super().__init__()
+        self.patch = patch
+
+    def forward(self, x):
+        B = x.shape[0]
+        return x.reshape(B, -1, self.patch * self.patch)  # assumes H*W divisible by patch²
+
+
+def _causal_attention(x):
+    attn = nn.MultiheadAttention(32, 4)  # batch_first=False by default
+    mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)  # sized from dim 1
+    return attn(x, x, x, attn_mask=mask)
+
+
+@pytest.mark.parametrize("call, module, words", [
+    (lambda: nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.GroupNorm(8, 64))(torch.randn(2, 3, 8, 8)),
+     "1", ["GroupNorm '1' expects 64 channels (num_channels)", "it got 32"]),
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU())(torch.randn(1, 4)),
+     "1", ["training mode", "it got (1, 8)", "model.eval()"]),
+    (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.MaxPool2d(2), nn.Conv2d(8, 8, 5))(torch.randn(1, 3, 8, 8)),
+     "2", ["got an input (1, 8, 3, 3) spatially smaller than its kernel_size=(5, 5)"]),
+    (lambda: _causal_attention(torch.randn(2, 10, 32)),
+     "", ["batch_first=False", "reads the query (2, 10, 32) as (sequence=2, batch=10",
+          "attn_mask (10, 10) is sized for sequences of 10", "batch_first=True"]),
+    (lambda: nn.LSTM(8, 16, batch_first=True)(torch.randn(4, 10, 8), (torch.zeros(4, 1, 16),) * 2),
+     "", ["expects a hidden state of shape (1, 4, 16)", "even with batch_first=True", "got (4, 1, 16)"]),
+    (lambda: nn.GRU(8, 16)(torch.randn(4, 10, 8, 1)),
+     "", ["expects a 3-D input (sequence, batch, features)", "got 4-D (4, 10, 8, 1)"]),
+    (lambda: PositionalEncoding(max_len=16)(torch.randn(2, 20, 8)),
+     "", ["x + self.pe[:, : x.size(1)]", "dimension 1 differ (20 vs 16)",
+          "the sequence (20) is longer than max_len=16"]),
+    (lambda: Patchify(4)(torch.randn(2, 3, 10, 10)),
+     "", ["x.reshape(B, -1, self.patch * self.patch)", "a tensor of 600 elements to [2, -1, 16], "
+          "but 600 is not a multiple of 32"]),
+    (lambda: nn.BCELoss()(torch.rand(4), torch.tensor([0.0, 1.0, 2.0, 1.0])),
+     "", ["expects targets in [0, 1]; the target ranges from 0 to 2"]),
+    (lambda: AudioConv(1)(torch.randn(16000)),  # one raw waveform
+     "net.0", ["Conv1d 'net.0' expects a 3-D batch (N, C, L) or one 2-D sample (C, L); it got a "
+               "1-D input (16000,)", "x[None, None]"]),
+])
+def test_more_mistakes(call, module, words):
+    exp = explained(call)
+    assert exp.module == module
+    has(exp.hint, *words)

@@ -163,9 +163,9 @@ def non_finite(f: Failure) -> str | None:
     for name, t in f.own_tensors():
         count = _non_finite_count(t)
         if count:
-            return (f"{f.label}'s own {name} holds {count}, so its {what} does: the parameters "
-                    "were corrupted before this step (a NaN/Inf gradient, a learning rate too "
-                    "high, or a bad checkpoint)")
+            return (f"{f.label} has {count} in its own {name}, so its {what} does too: the "
+                    "parameters were corrupted before this step (a NaN/Inf gradient, a learning "
+                    "rate too high, or a bad checkpoint)")
     floats = [t for _, t in f.tensors() if t.is_floating_point()]
     absmax = max((_finite_absmax(t) for t in floats), default=float("nan"))
     size = f" (absmax {absmax:.3g})" if math.isfinite(absmax) else ""
@@ -211,7 +211,7 @@ def device_mismatch(f: Failure) -> str | None:
         if stray:
             index, other = stray[0]
             if device == "meta":
-                return (f"{f.label}'s parameters are on the meta device (shapes without data): "
+                return (f"{f.label} has its parameters on the meta device (shapes without data): "
                         "the model was built on 'meta' or loaded lazily and never materialised; "
                         "use model.to_empty(device=...) and then load its weights")
             if not f.registered:
@@ -223,12 +223,12 @@ def device_mismatch(f: Failure) -> str | None:
             return (f"{f.label} has its parameters on {device}; its input {index} is on {other}: "
                     f"move the input with .to('{device}') (or the model to {other})")
     if len(param_devices) > 1:
-        return f"{f.label}'s own parameters are on several devices ({', '.join(param_devices)})"
+        return f"{f.label} has its own parameters on several devices ({', '.join(param_devices)})"
     if len({d for _, d in inputs}) > 1:
         listed = ", ".join(f"{i} on {d}" for i, d in inputs)
-        return f"{f.label}'s inputs are on different devices ({listed}): move them to one"
+        return f"{f.label} got inputs on different devices ({listed}): move them to one"
     if inputs:
-        return (f"{f.label}'s inputs and parameters are all on {inputs[0][1]}, so a tensor made "
+        return (f"{f.label} has its inputs and parameters all on {inputs[0][1]}, so a tensor made "
                 f"inside its forward is elsewhere: {f.code()} mixes devices; create tensors with "
                 "device=x.device (torch.zeros, torch.arange, torch.tensor default to the CPU)")
     return None
@@ -279,8 +279,8 @@ def conv_channels(f: Failure) -> str | None:
     shape = tuple(x.shape)
     if x.dim() == dims + 1:  # read as one unbatched sample
         text = (f"{f.label} got a {x.dim()}-D input {shape_text(shape)}, which it reads as one "
-                f"unbatched sample with {shape[0]} channels; it expects {want} channels "
-                "(in_channels)")
+                f"unbatched sample with {shape[0]} channels; it expects {want} "
+                f"channel{'s' * (want != 1)} (in_channels)")
         if want == 1:
             text += (": for a batch of single-channel inputs add the channel dimension, "
                      "x.unsqueeze(1)")
@@ -319,7 +319,7 @@ def input_too_small(f: Failure) -> str | None:
     x = f.tensor(0, "input")
     kernel = getattr(f.module, "kernel_size", None)
     shape = shape_text(x.shape) if x is not None else "input"
-    return (f"{f.label}'s input {shape} is spatially smaller than its kernel_size={kernel} "
+    return (f"{f.label} got an input {shape} spatially smaller than its kernel_size={kernel} "
             "(after padding): the layers before it shrank it too far; use larger inputs, fewer "
             "pooling or stride-2 layers, or padding")
 
@@ -552,17 +552,18 @@ def binary_target(f: Failure) -> str | None:
 # --- sequences: RNN / LSTM / GRU, MultiheadAttention --------------------------------------
 
 
-def _batch_first_sentence(f: Failure, batch_first: bool, shape: tuple, what: str,
-                          other_size: int) -> str:
+def _batch_first_sentence(f: Failure, batch_first: bool, shape: tuple, what: str, clue: str) -> str:
+    """`clue`: what shows the other reading, e.g. ", but the hidden state has batch 8"."""
     if batch_first:
-        return (f"{f.label} has batch_first=True, so it reads {what} {shape_text(shape)} as "
-                f"(batch={shape[0]}, sequence={shape[1]}, ...); {other_size} is the size of "
-                "dimension 1: the data look sequence-first, so pass x.transpose(0, 1) (or build "
-                "it with batch_first=False)")
-    return (f"{f.label} has batch_first=False, so it reads {what} {shape_text(shape)} as "
-            f"(sequence={shape[0]}, batch={shape[1]}, ...); {other_size} is the size of "
-            f"dimension 0: the data look batch-first, so build the {type(f.module).__name__} "
-            "with batch_first=True (or pass x.transpose(0, 1))")
+        read = f"(batch={shape[0]}, sequence={shape[1]}, ...)"
+        fix = ("the data look sequence-first, so pass x.transpose(0, 1) (or build it with "
+               "batch_first=False)")
+    else:
+        read = f"(sequence={shape[0]}, batch={shape[1]}, ...)"
+        fix = (f"the data look batch-first, so build the {type(f.module).__name__} with "
+               "batch_first=True (or pass x.transpose(0, 1))")
+    return (f"{f.label} has batch_first={batch_first}, so it reads {what} {shape_text(shape)} as "
+            f"{read}{clue}: {fix}")
 
 
 @_rule
@@ -584,10 +585,9 @@ def rnn_input(f: Failure) -> str | None:
     if match:
         want, got = _ints(match[1]), _ints(match[2])
         if x.dim() == 3 and want[1] != got[1] and want[0] == got[0]:
-            other = x.shape[1] if batch_first else x.shape[0]
-            if got[1] == other:
-                return (_batch_first_sentence(f, batch_first, tuple(x.shape), "its input", other)
-                        .replace("; ", f", but the hidden state it was given has batch {got[1]}; ", 1))
+            if got[1] == (x.shape[1] if batch_first else x.shape[0]):
+                return _batch_first_sentence(f, batch_first, tuple(x.shape), "its input",
+                                             f", but the hidden state it was given has batch {got[1]}")
         if sorted(want) == sorted(got):
             return (f"{f.label} expects a hidden state of shape {shape_text(want)}: (num_layers × "
                     "directions, batch, hidden_size), even with batch_first=True; it got "
@@ -617,20 +617,21 @@ def attention_inputs(f: Failure) -> str | None:
     mask = f.tensor(3, "key_padding_mask")
     if match and mask is not None:
         got = int(match[2])
-        other = query.shape[1] if batch_first else query.shape[0]
-        if query.dim() == 3 and got == other:
-            return _batch_first_sentence(f, batch_first, tuple(query.shape), "the query", other) \
-                .replace("; ", f", but key_padding_mask {shape_text(mask.shape)} has batch {got}; ", 1)
+        if query.dim() == 3 and got == (query.shape[1] if batch_first else query.shape[0]):
+            return _batch_first_sentence(
+                f, batch_first, tuple(query.shape), "the query",
+                f", but key_padding_mask {shape_text(mask.shape)} has batch {got}")
         return (f"{f.label} expects key_padding_mask of shape (batch={match[1]}, source length); "
                 f"it is {shape_text(mask.shape)}")
     match = _search(r"The shape of the 2D attn_mask is torch\.Size\(\[([\d, ]+)\]\), but should "
                     r"be \(([\d, ]+)\)", f)
     if match:
         given = _ints(match[1])
-        other = query.shape[1] if batch_first else query.shape[0]
-        if query.dim() == 3 and given[0] == other and given[0] != _ints(match[2])[0]:
-            return _batch_first_sentence(f, batch_first, tuple(query.shape), "the query", other) \
-                .replace("; ", f", but attn_mask {shape_text(given)} is sized for length {other}; ", 1)
+        length = query.shape[0] if batch_first else query.shape[1]  # the other reading's length
+        if query.dim() == 3 and given[0] == length and given[0] != _ints(match[2])[0]:
+            return _batch_first_sentence(
+                f, batch_first, tuple(query.shape), "the query",
+                f", but attn_mask {shape_text(given)} is sized for sequences of {length}")
         return (f"{f.label} expects a 2-D attn_mask of shape {shape_text(_ints(match[2]))} "
                 f"(target length, source length); it is {shape_text(given)}")
     return None
@@ -719,5 +720,5 @@ def dtype_mismatch(f: Failure) -> str | None:
                     f"{_dtype(t)}: {fix}")
     floats = sorted({_dtype(t) for _, t in inputs if t.is_floating_point()})
     if len(floats) > 1:
-        return f"{f.label}'s inputs have different dtypes ({', '.join(floats)}): convert them to one"
+        return f"{f.label} got inputs of different dtypes ({', '.join(floats)}): convert them to one"
     return None
