@@ -203,3 +203,19 @@ def test_run_notebook_counts_only_unexpected_errors(tmp_path):
     assert report.expected_errors == ["cell 0: ZeroDivisionError: division by zero"]
     assert report.errors == ["cell 1: tagged raises-exception but raised nothing",
                              "cell 2: NameError: name 'undefined_name' is not defined"]
+
+
+def test_loading_and_a_failing_cell_without_torch_do_not_import_torch():
+    from conftest import run_fresh_python
+
+    code = (
+        "import json, sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'singlecard_nb')\n"
+        "ip.run_cell('1 / 0')\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules,"
+        " 'explain': 'singlecard_nb.inspection.explain' in sys.modules}))\n"
+    )
+    result, _ = run_fresh_python(code)
+    assert result == {"torch": False, "explain": False}

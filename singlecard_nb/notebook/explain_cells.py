@@ -3,7 +3,8 @@
 On by default once the extension is loaded; `%singlecard explain off|on` switches it. One
 post_run_cell callback per shell, owned by a `borrow.Borrowed` (so `%unload_ext` removes it and
 `%singlecard status` lists it). It only reads `result.error_in_exec`: the exception, its
-traceback, `%debug` and `%tb` stay exactly as IPython left them.
+traceback, `%debug` and `%tb` stay exactly as IPython left them. Loading stays free of torch: the
+explanation code is imported after the first failing cell, and only if torch is in use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 from IPython.display import display
 
 from .. import borrow
-from ..inspection import explain
 
 # id(shell) -> the owner of its callback
 _owners: dict[int, borrow.Borrowed] = {}
@@ -49,7 +49,11 @@ def _show_explanation(result: Any = None) -> None:
     error = getattr(result, "error_in_exec", None)
     if not isinstance(error, Exception):  # no error, or Ctrl-C / SystemExit: nothing to explain
         return
+    if "torch" not in sys.modules:  # no torch, no module: and loading torch here would cost seconds
+        return
     try:
+        from ..inspection import explain
+
         explanation = explain.build(error)
     except Exception as e:  # an IPython callback error would print a second, confusing traceback
         print(f"singlecard_nb: could not explain this error ({type(e).__name__}: {e}).",
