@@ -704,6 +704,22 @@ def test_non_finite_output_made_by_the_module_itself():
     has(exp.hint, "turned finite inputs", "NaN in its output", "log or sqrt")
 
 
+def test_non_finite_output_from_a_float16_overflow():
+    model = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 8)).half()
+    with torch.no_grad():
+        model[1].weight.fill_(60.0)
+    x = torch.full((2, 64), 4.0, dtype=torch.float16)
+    with torch.no_grad():
+        model[1].bias.zero_()
+        model[0].weight.fill_(1.0)
+        model[0].bias.zero_()
+    with scn.inspect(model, trap=True):
+        exp = scn.explain(failure(model, x))  # layer 0 gives 256 per feature; 8 x 256 x 60 > 65504
+    assert exp.module == "1" and exp.inputs == [("[0]", (2, 8), "float16", "cpu")]
+    has(exp.hint, "computes in float16, whose largest value is 65504", "(absmax 256)",
+        "overflowed to 16 Inf in its output")
+
+
 def test_non_finite_inputs_are_traced_to_before_the_module():
     class Normalise(nn.Module):
         def __init__(self):

@@ -169,12 +169,10 @@ def non_finite(f: Failure) -> str | None:
     floats = [t for _, t in f.tensors() if t.is_floating_point()]
     absmax = max((_finite_absmax(t) for t in floats), default=float("nan"))
     size = f" (absmax {absmax:.3g})" if math.isfinite(absmax) else ""
-    low = [t for t in floats if t.dtype in (torch.float16, torch.bfloat16)]
-    if low and err.inf:
-        return (f"{f.label} computes in {_dtype(low[0])}, whose range is small (float16 tops out at "
-                f"65504): its finite inputs{size} overflowed to {counts(err.nan, err.inf)} in its "
-                f"{what}; compute this layer in float32 (autocast keeps such layers in float32) or "
-                "scale its inputs down")
+    if err.inf and any(t.dtype == torch.float16 for t in floats):
+        return (f"{f.label} computes in float16, whose largest value is 65504: its finite "
+                f"inputs{size} overflowed to {counts(err.nan, err.inf)} in its {what}; compute "
+                "this layer in float32 or bfloat16, or scale its inputs down")
     return (f"{f.label} turned finite inputs{size} and finite parameters into "
             f"{counts(err.nan, err.inf)} in its {what}: an operation in its forward produced "
             "them (log or sqrt of a negative number or zero, a division by zero, exp overflow)")
