@@ -925,3 +925,27 @@ def test_more_mistakes(call, module, words):
     exp = explained(call)
     assert exp.module == module
     has(exp.hint, *words)
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_rank_explains_its_own_failure(tmp_path):
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "import singlecard_nb as scn\n"
+        "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(32, 2))\n"
+        "try:\n"
+        "    model(torch.randn(4, 8))\n"
+        "except Exception as e:\n"
+        "    print(scn.explain(e), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] singlecard_nb.explain: Linear '2' failed" in done.stdout
+    assert done.stdout.count("hint    Linear '2' expects the last dimension of its input to be 32") == 2
