@@ -132,14 +132,10 @@ def explain(exc: BaseException | None = None) -> Explanation | None:
 def build(exc: BaseException) -> Explanation | None:
     """The explanation of `exc`, or None when no module call is on its traceback (silent)."""
     for candidate in _chain_of(exc):
-        calls = _module_calls(candidate.__traceback__)
-        try:
-            if calls:
-                return _explain_calls(exc, candidate, calls)
-        finally:
-            del calls  # modules and their arguments: never kept past this function
-    non_finite = _non_finite_error(exc)
-    if non_finite is not None:  # the trap fired in backward: no forward frames to read
+        calls = _module_calls(candidate.__traceback__)  # live modules and arguments: local only
+        if calls:
+            return _explain_calls(exc, candidate, calls)
+    if _non_finite_error(exc) is not None:  # the trap fired in backward: no forward frames
         return _from_non_finite_attributes(exc)
     return None
 
