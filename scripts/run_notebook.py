@@ -7,7 +7,9 @@
 The kernel is this interpreter (whatever `python3` kernelspec the user has elsewhere), with this
 checkout first on PYTHONPATH. `--machine` describes the GPUs to the kernel
 (SINGLECARD_NB_MACHINE), which is how the notebook shows a 4-GPU box on a machine without one.
-Exit status 1 when any cell raised.
+Exit status 1 when any cell raised, except cells tagged `raises-exception` (as Jupyter and
+nbclient read that tag: the error is the point of the cell); such a cell that raises nothing is
+an error too.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ class Report:
     cells_run: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)  # "cell N: Name: message"
+    expected_errors: list[str] = field(default_factory=list)  # same, from raises-exception cells
     output_kinds: Counter = field(default_factory=Counter)  # mime type / stream name -> count
     nb: Any = None  # the executed notebook (nbformat node)
 
     def __str__(self) -> str:
         kinds = ", ".join(f"{kind} ×{n}" for kind, n in sorted(self.output_kinds.items()))
+        expected = f" (+{len(self.expected_errors)} expected)" if self.expected_errors else ""
         lines = [f"{self.notebook}: {self.cells_run} code cells run in {self.seconds:.1f} s, "
-                 f"{len(self.errors)} error(s)", f"outputs: {kinds or 'none'}"]
+                 f"{len(self.errors)} error(s){expected}", f"outputs: {kinds or 'none'}"]
         lines += [f"ERROR {e}" for e in self.errors]
+        lines += [f"expected error {e}" for e in self.expected_errors]
         return "\n".join(lines)
 
 
@@ -72,16 +77,22 @@ def _summarise(nb: Any, report: Report) -> None:
         if cell.cell_type != "code" or cell.get("execution_count") is None:
             continue
         report.cells_run += 1
+        expects_error = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        raised = False
         for output in cell.get("outputs", []):
             kind = output.get("output_type")
             if kind == "stream":
                 report.output_kinds[f"stream:{output.get('name')}"] += 1
             elif kind == "error":
+                raised = True
                 report.output_kinds["error"] += 1
-                report.errors.append(f"cell {index}: {output.get('ename')}: {output.get('evalue')}")
+                error = f"cell {index}: {output.get('ename')}: {output.get('evalue')}"
+                (report.expected_errors if expects_error else report.errors).append(error)
             else:
                 for mime in output.get("data", {}):
                     report.output_kinds[mime] += 1
+        if expects_error and not raised:
+            report.errors.append(f"cell {index}: tagged raises-exception but raised nothing")
 
 
 def execute(path: str | Path, machine: str | None = None, timeout: int = 120,

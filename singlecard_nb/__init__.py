@@ -31,6 +31,8 @@ _EXPORTS = {
     "compare": "inspection.compare",
     "compare_ranks": "inspection.compare",
     "load": "inspection.records",
+    "explain": "inspection.explain",
+    "Explanation": "inspection.explain",
     "picker": "notebook.picker",
 }
 

@@ -35,6 +35,10 @@ def load(shell: Any) -> None:
             for instance in _registered.pop(id(shell)):
                 _unregister_magics(shell, instance)
 
+    from . import explain_cells
+
+    explain_cells.start(shell)  # explain failing cells by default; `%singlecard explain off`
+
     target = os.environ.get("SINGLECARD_NB_DEVICE", "").strip()
     if target:
         pin_at_load(shell, target)

@@ -20,7 +20,7 @@ from .. import session
 from ..pinning import devices, pinning
 from ..pinning import driver as driver_probe
 
-_SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card")
+_SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card", "explain")
 _ACCEPTED = ("a TARGET (a GPU index as nvidia-smi numbers them, a GPU or MIG UUID or unique "
              "prefix, 'auto' or 'cpu') or one of: " + ", ".join(_SUBCOMMANDS))
 
@@ -47,7 +47,8 @@ class SingleCardMagics(Magics):
              "GPU with the most free memory) or 'cpu' (hide all GPUs); or a command: 'off' "
              "(unpin), 'status', 'list' (GPU table), 'picker' (device picker), 'watch [on|off]' "
              "(per-cell memory), 'single-card on|off' (DataParallel/DDP run on the pinned "
-             "device). No argument: status.",
+             "device), 'explain [on|off]' (explain the last error, or switch the explanation "
+             "shown after a cell that fails inside a module). No argument: status.",
     )
     @argument("--default-device", action="store_true",
               help="also make the pinned device torch's default device (restored by 'off')")
@@ -96,6 +97,8 @@ class SingleCardMagics(Magics):
             self._watch(words[1:])
         elif command == "single-card":
             self._single_card(words[1:])
+        elif command == "explain":
+            self._explain(words[1:])
         else:
             self._pin(words, default_device=args.default_device,
                       single_card=not args.no_single_card, force=args.force)
@@ -181,6 +184,24 @@ class SingleCardMagics(Magics):
         except ValueError as e:
             raise UsageError(f"%singlecard single-card {rest[0]}: {e}") from None
         print(f"Single-card mode is {'on' if enabled else 'off'}.")
+
+    def _explain(self, rest: list[str]) -> None:
+        from ..inspection.explain import explain
+        from . import explain_cells
+
+        if not rest:  # like %tb: the last error, explained
+            explanation = explain()
+            if explanation is not None:
+                display(explanation)
+            return
+        if len(rest) > 1:
+            raise UsageError(f"%singlecard explain: expected 'on' or 'off', got {' '.join(rest)!r}")
+        if _on_off(rest[0], "explain"):
+            explain_cells.start(self.shell)
+        else:
+            explain_cells.stop(self.shell)
+        state = "on" if explain_cells.is_on(self.shell) else "off"
+        print(f"Explanations after cells that fail inside a module are {state}.")
 
 
 def pin_at_load(shell: Any, target: str) -> None:
