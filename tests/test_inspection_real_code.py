@@ -443,3 +443,19 @@ def test_training_column_tells_train_and_eval_apart():
     assert list(insp.history(training=False).columns) == [1, 2]
     assert list(insp.history(training=True).columns) == [0, 2]
 
+
+
+def test_heatmap_marks_eval_steps_and_can_keep_one_mode():
+    model = mlp()
+    with scn.inspect(model) as insp:
+        for i in range(4):
+            model.train(i != 2)
+            model(torch.randn(2, 8))
+    figure = insp.plot()
+    ax = figure.axes[0]
+    assert "eval steps" in ax.get_title()
+    markers = [line for line in ax.lines if line.get_marker() == "v"]
+    assert markers and list(markers[0].get_xdata()) == [2]  # column of step 2
+    only_train = insp.plot(training=True).axes[0]
+    assert "eval" not in only_train.get_title()
+    assert only_train.images[0].get_array().shape == (4, 3)  # steps 0, 1 and 3

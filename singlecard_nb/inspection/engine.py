@@ -906,7 +906,8 @@ class Inspector:
         self._tensor_hooks.append(t.register_hook(self._grad_hook(target, call, index, training)))
 
     def _check_finite(self, target, call, io, index, values, inputs) -> None:
-        nan, inf = int(values[5] or 0), int(values[6] or 0)
+        # an empty tensor has no statistics: its counts are NaN, not a NaN found
+        nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
         if nan or inf:
             inputs_finite = None
             if inputs is not None:
@@ -1037,20 +1038,19 @@ class Inspector:
 def _to_frame(records: Sequence[_StepRecord]):
     import pandas as pd
 
-    meta = [row for record in records for row in record.meta]
-    frame = pd.DataFrame(meta, columns=list(_META))
-    training = frame.pop("training").astype(bool)
+    meta = pd.DataFrame([row for record in records for row in record.meta], columns=list(_META))
     if records:
         values = np.concatenate([record.values for record in records])
     else:
         values = np.empty((0, len(VALUES)))
+    columns: dict[str, Any] = {}
     for i, name in enumerate(VALUES):
         column = values[:, i]
         # counts are integers, missing (<NA>) where no statistics were taken
-        frame[name] = pd.array(column, dtype="Int64") if name in ("nan", "inf") else column
-    frame["rank"] = np.repeat([r.rank for r in records], [len(r.meta) for r in records])
-    frame["training"] = training
-    return frame
+        columns[name] = pd.array(column, dtype="Int64") if name in ("nan", "inf") else column
+    columns["rank"] = np.repeat([r.rank for r in records], [len(r.meta) for r in records])
+    columns["training"] = meta["training"].astype(bool)
+    return pd.concat([meta.iloc[:, :9], pd.DataFrame(columns, index=meta.index)], axis=1)
 
 
 _NOTHING_YET = (
