@@ -459,3 +459,15 @@ def test_heatmap_marks_eval_steps_and_can_keep_one_mode():
     only_train = insp.plot(training=True).axes[0]
     assert "eval" not in only_train.get_title()
     assert only_train.images[0].get_array().shape == (4, 3)  # steps 0, 1 and 3
+
+
+def test_a_compiled_function_calling_the_model_is_said_not_silent():
+    model = mlp()
+    step = torch.compile(lambda x: model(x).sum(), backend="eager")
+    with pytest.warns(UserWarning, match="none of its modules reached the inspector"):
+        with scn.inspect(model) as insp:
+            step(torch.randn(2, 8))
+            step(torch.randn(2, 8))
+    df = insp.frame()
+    assert set(df.io) == {"input"} and sorted(df.step) == [0, 1]  # the model's own inputs
+    assert "torch.compile" in insp.notes[0]

@@ -543,7 +543,7 @@ class Inspector:
         targets = {}
         scripted: list[str] = []
         for path, module in self.model.named_modules(remove_duplicate=True):
-            if any(path.startswith(f"{outer}.") or outer == "" for outer in scripted):
+            if any(path.startswith(f"{outer}.") for outer in scripted):
                 continue  # inside TorchScript: no Python hook ever runs there
             type_name = type(module).__name__
             if isinstance(module, torch.jit.ScriptModule):
@@ -652,7 +652,8 @@ class Inspector:
             _GLOBAL_WITH_KWARGS.pop(handle.id, None)
 
     def _remove_tensor_hooks(self) -> None:
-        hooks, self._tensor_hooks = self._tensor_hooks, []
+        with self._lock:
+            hooks, self._tensor_hooks = self._tensor_hooks, []
         for handle in hooks:
             handle.remove()
 
@@ -903,7 +904,9 @@ class Inspector:
     def _hook_grad(self, t: torch.Tensor, target: _Target, call: int, index: str,
                    training: bool) -> None:
         # Handles are kept so that the hooks go when the step ends (_begin_step, stop).
-        self._tensor_hooks.append(t.register_hook(self._grad_hook(target, call, index, training)))
+        handle = t.register_hook(self._grad_hook(target, call, index, training))
+        with self._lock:
+            self._tensor_hooks.append(handle)
 
     def _check_finite(self, target, call, io, index, values, inputs) -> None:
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
