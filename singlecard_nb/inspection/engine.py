@@ -223,14 +223,6 @@ def _odd_shape(t: torch.Tensor) -> tuple:
         return tuple(sizes)
 
 
-def _version(t: torch.Tensor) -> int | None:
-    """The tensor's version counter, or None: inference tensors (inference_mode) have none."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 _OWN_FILES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
 
 
@@ -870,7 +862,19 @@ class Inspector:
             slot = None
             if reducible(t):
                 shape = tuple(t.shape)
-                slot = self._slot(pending, t, shape)
+                try:
+                    version = t._version
+                except RuntimeError:  # an inference tensor (inference_mode) has no version
+                    version = None
+                cached = self._seen.get(id(t))
+                if (cached is not None and cached[0]() is t and version is not None
+                        and cached[1] == version):
+                    slot = cached[2]  # a container's output seen again: reuse its statistics
+                else:
+                    slot = pending.stats.add(t, shape, immediate=self.trap)
+                    if len(self._seen) >= _SEEN_WINDOW:
+                        self._seen.clear()
+                    self._seen[id(t)] = (weakref.ref(t), version, slot)
                 if self.trap:
                     values = pending.stats.value(slot)
             else:
@@ -888,18 +892,6 @@ class Inspector:
             self._check_finite(target, call, io, index, values, inputs)
         if self.grads and io == "output" and t.requires_grad:
             self._hook_grad(t, target, call, index, training)
-
-    def _slot(self, pending: _Pending, t: torch.Tensor, shape: tuple) -> int:
-        """The statistics slot of `t`; a container's output seen again reuses its child's."""
-        version = _version(t)
-        cached = self._seen.get(id(t))
-        if cached is not None and cached[0]() is t and version is not None and cached[1] == version:
-            return cached[2]
-        slot = pending.stats.add(t, shape, immediate=self.trap)
-        if len(self._seen) >= _SEEN_WINDOW:
-            self._seen.clear()
-        self._seen[id(t)] = (weakref.ref(t), version, slot)
-        return slot
 
     def _hook_grad(self, t: torch.Tensor, target: _Target, call: int, index: str,
                    training: bool) -> None:
