@@ -85,3 +85,16 @@ def test_submodules_called_directly_are_said_once_when_no_step_is_recorded():
         insp.step()
         model.encode(torch.randn(1, 2))
     assert sorted(insp.frame().step.unique()) == [0, 1]
+
+
+def test_a_copy_of_an_inspected_lightning_module_runs_its_own_steps():
+    import copy
+
+    model = LitAutoEncoder()
+    with scn.inspect(model) as insp:
+        twin = copy.deepcopy(model)  # what EMA / SWA callbacks do
+        batch = (torch.randn(4, 8),)
+        model.training_step(batch, 0)
+        twin.training_step(batch, 0)  # not a step of `model`
+        assert twin.training_step.__self__ is twin
+    assert insp.steps_recorded == 1

@@ -471,3 +471,16 @@ def test_a_compiled_function_calling_the_model_is_said_not_silent():
     df = insp.frame()
     assert set(df.io) == {"input"} and sorted(df.step) == [0, 1]  # the model's own inputs
     assert "torch.compile" in insp.notes[0]
+
+
+def test_a_copy_made_while_inspecting_is_not_recorded_and_does_not_disturb_steps():
+    model, x = mlp(), torch.randn(2, 8)
+    with scn.inspect(model, grads=True) as insp:
+        ema = torch.optim.swa_utils.AveragedModel(model)  # deepcopies the inspected model
+        for _ in range(3):
+            model(x).sum().backward()
+            ema.update_parameters(model)
+            ema(x)
+    assert torch.equal(ema(x), ema.module(x))
+    assert insp.steps_recorded == 3 and sorted(insp.frame().step.unique()) == [0, 1, 2]
+    assert set(insp.frame().query("step == 2 and io == 'output'").module) == {"0", "1", "2", ""}

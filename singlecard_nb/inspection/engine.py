@@ -270,6 +270,35 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+class _StepMethod:
+    """A model's training_step (or validation_step...) while inspected: each call is a step.
+
+    Set on the model instance (and removed by the inspector's owner). A copy of the model made
+    meanwhile (deepcopy by an EMA or SWA callback, pickling) gets the plain method of the copy.
+    """
+
+    def __init__(self, inspector: Inspector, method: Callable):
+        self._inspector = inspector
+        functools.update_wrapper(self, method)  # __wrapped__: Lightning's is_overridden, inspect
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        opened = self._inspector._open_call("method")
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        finally:
+            if opened is not None:
+                self._inspector._close_call(opened)
+
+    def __reduce__(self):
+        method = self.__wrapped__
+        return getattr, (method.__self__, method.__name__)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        method = self.__wrapped__
+        copied = memo.get(id(method.__self__), method.__self__)
+        return getattr(type(copied), method.__name__).__get__(copied)
+
+
 class Inspector:
     """Records shapes and statistics of module tensors; see `inspect()` for the options."""
 
@@ -381,7 +410,7 @@ class Inspector:
                 self._attach_param_hooks(owner)
             if self._manual_steps and self._recording:
                 self._install_global_hook()  # a manual step records every call until step()
-            else:
+            elif self._step < 0:
                 self._attach_probes(owner)
         except BaseException:
             owner.restore()
@@ -525,6 +554,11 @@ class Inspector:
     def _repr_html_(self) -> str:
         return self.summary()._repr_html_()
 
+    def __deepcopy__(self, memo: dict) -> Inspector:
+        # A deepcopy of the inspected model (EMA, SWA) copies its hooks, and with them bound
+        # methods of this inspector: they stay this inspector's, which ignores the copy.
+        return self
+
     def __repr__(self) -> str:
         state = "active" if self.active else "stopped"
         return (f"<Inspector {type(self.model).__name__}: {state}, {len(self._targets)} modules, "
@@ -579,19 +613,7 @@ class Inspector:
         for name in STEP_METHODS:
             method = getattr(self.model, name, None)
             if callable(method) and getattr(method, "__self__", None) is self.model:
-                owner.set_attr(self.model, name, self._step_method(method), f"{name} is a step")
-
-    def _step_method(self, method: Callable) -> Callable:
-        @functools.wraps(method)
-        def step_method(*args: Any, **kwargs: Any) -> Any:
-            opened = self._open_call("method")
-            try:
-                return method(*args, **kwargs)
-            finally:
-                if opened is not None:
-                    self._close_call(opened)
-
-        return step_method
+                owner.set_attr(self.model, name, _StepMethod(self, method), f"{name} is a step")
 
     def _attach_late(self, owner: Borrowed) -> None:
         """torch runs global forward hooks before a module's own: a module with its own forward
@@ -731,8 +753,10 @@ class Inspector:
 
     # --- hooks ------------------------------------------------------------------------------
     def _on_root_pre(self, module, args, kwargs) -> None:
-        if _is_compiling() or _in_backward():
-            return  # a recomputation (gradient checkpointing) belongs to the step it recomputes
+        if module is not self.model or _is_compiling() or _in_backward():
+            # a copy of the model carries our hooks (see __deepcopy__): not the model; a
+            # recomputation (gradient checkpointing) belongs to the step it recomputes
+            return
         try:
             opened = self._open_call("root")
         except Exception as e:
@@ -747,7 +771,7 @@ class Inspector:
                           module.training)
 
     def _on_root_post(self, module, args, output) -> None:
-        if _is_compiling() or _in_backward():
+        if module is not self.model or _is_compiling() or _in_backward():
             return
         if self._depth and self._root_depth and self._thread == _get_ident():
             if self._depth == 1 and self._recording and not self._calls and self._hooked:
@@ -759,11 +783,11 @@ class Inspector:
             self._close_call((self._depth - 1, self._root_depth - 1))
 
     def _on_child_probe(self, module, args) -> None:
-        if self._depth or self._manual_steps:
+        if self._depth or self._manual_steps or id(module) not in self._targets:
             return
         self._remove_probes()
         if self._step < 0:
-            path = self._targets.get(id(module), _Target("?", "", False)).path
+            path = self._targets[id(module)].path
             name = type(self.model).__name__
             self._say("no-step", f"{path!r} of {name} ran outside a call of the {name} itself "
                       "(called as model.child(...) or from a method other than forward), so it "
