@@ -484,3 +484,17 @@ def test_a_copy_made_while_inspecting_is_not_recorded_and_does_not_disturb_steps
     assert torch.equal(ema(x), ema.module(x))
     assert insp.steps_recorded == 3 and sorted(insp.frame().step.unique()) == [0, 1, 2]
     assert set(insp.frame().query("step == 2 and io == 'output'").module) == {"0", "1", "2", ""}
+
+
+def test_no_bypass_note_for_a_failing_forward_or_an_excluded_root():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(3, 3))  # the second layer cannot take 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with scn.inspect(model) as insp:
+            with pytest.raises(RuntimeError):
+                model(torch.randn(1, 2))
+        with scn.inspect(model, include="1") as insp:
+            model[0](torch.randn(1, 2))  # runs nothing included: not a compiled bypass
+            with pytest.raises(RuntimeError):
+                model(torch.randn(1, 2))
+    assert insp.notes == []

@@ -588,11 +588,11 @@ class Inspector:
 
     def _run_compiled_modules_eagerly(self, owner: Borrowed) -> None:
         """Compiled code bypasses module hooks: while inspected, compiled modules run eagerly."""
-        compiled = [path or "''" for path, m in self.model.named_modules()
-                    if getattr(m, "_compiled_call_impl", None) is not None]
-        for m in self.model.modules():
+        compiled = []
+        for path, m in self.model.named_modules():
             if getattr(m, "_compiled_call_impl", None) is not None:  # module.compile()
                 owner.set_attr(m, "_compiled_call_impl", None, "compiled module runs eagerly")
+                compiled.append(repr(path))
         if self._wrapper is not None:  # torch.compile(module): call the original instead
             owner.set_attr(self._wrapper, "forward", self.model.__call__,
                            "torch.compile wrapper runs the original module")
@@ -602,10 +602,10 @@ class Inspector:
                              "warnings filter for torch.compile's global hook note")
             compiled.insert(0, f"the torch.compile wrapper of {type(self.model).__name__}")
         if compiled:
-            self._say("compiled", f"compiled modules run eagerly while inspected ({', '.join(compiled[:5])}"
-                      f"{', ...' if len(compiled) > 5 else ''}), so that every module inside "
-                      "them is recorded; the values are those of the eager model. insp.stop() "
-                      "gives the compiled code back.")
+            listed = ", ".join(compiled[:5]) + (", ..." if len(compiled) > 5 else "")
+            self._say("compiled", f"compiled modules run eagerly while inspected ({listed}), so "
+                      "that every module inside them is recorded; the values are those of the "
+                      "eager model. insp.stop() gives the compiled code back.")
 
     def _wrap_step_methods(self, owner: Borrowed) -> None:
         """Lightning drives a LightningModule through training_step & co., not forward: each
@@ -774,7 +774,11 @@ class Inspector:
         if module is not self.model or _is_compiling() or _in_backward():
             return
         if self._depth and self._root_depth and self._thread == _get_ident():
-            if self._depth == 1 and self._recording and not self._calls and self._hooked:
+            key = id(self.model)
+            if (self._depth == 1 and self._recording and key in self._targets
+                    and key not in self._calls and sys.exc_info()[1] is None):
+                # the model's own output hook runs before this one unless compiled code
+                # bypassed the hooks (or the forward raised: then an exception is being handled)
                 self._say("bypassed", f"{type(self.model).__name__} ran, but none of its "
                           "modules reached the inspector: it was run by code compiled with "
                           "torch.compile, which bypasses module hooks. Inspect "
