@@ -27,6 +27,7 @@ _EXPORTS = {
     "Status": "pinning.report",
     "inspect": "inspection.engine",
     "Inspector": "inspection.engine",
+    "inspector": "inspection.engine",
     "NonFiniteError": "inspection.engine",
     "compare": "inspection.compare",
     "compare_ranks": "inspection.compare",

@@ -7,6 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from torch.nn.modules import module as module_globals
 
+import singlecard_nb as scn
 from singlecard_nb import borrow
 
 
@@ -73,6 +74,62 @@ def test_cell_magic_removes_hooks_when_the_cell_fails(ip):
     assert hooks(ip) == 0
 
 
+def test_a_failing_cell_fails_with_its_own_error_and_still_shows_the_summary(ip, capsys):
+    result = ip.run_cell("%%inspect model\nmodel(x)\nraise ValueError('boom')")
+    assert type(result.error_in_exec) is ValueError and str(result.error_in_exec) == "boom"
+    assert not result.success  # nbclient and "Run all" stop at this cell
+    out = capsys.readouterr()
+    assert "Linear" in out.out  # the summary of what was recorded
+    assert out.out.index("Linear") < (out.out + out.err).index("boom")
+    assert len(scn.inspector(ip.user_ns["model"]).frame()) == 5
+
+
+def test_the_cell_magic_shows_a_last_value_like_a_cell(ip):
+    result = run(ip, "%%inspect model\ny = model(x)\n2 + 3")
+    assert result.result == 5 and ip.user_ns["y"].shape == (3, 1)
+    assert run(ip, "%%inspect model\n2 + 3;").result is None
+
+
+def test_the_line_magic_returns_its_inspector_and_scn_finds_it(ip):
+    run(ip, "insp = %inspect model --grads\nmodel(x).sum().backward()")
+    insp = ip.user_ns["insp"]
+    assert insp is magics(ip).inspectors["model"] and insp.active
+    assert scn.inspector(ip.user_ns["model"]) is insp
+    assert "param_grad" in set(insp.frame().io)
+    with pytest.raises(UsageError, match="already inspected across cells"):
+        ip.run_cell_magic("inspect", "model", "model(x)")
+    assert insp.active
+    run(ip, "%inspect off")
+    assert ip.run_line_magic("inspect", "off") is None
+
+
+def test_ctrl_c_in_a_cell_leaves_inspection_working_in_the_next_cells(ip):
+    run(ip, "class Stop(nn.Module):\n"
+            "    calls = 0\n"
+            "    def forward(self, x):\n"
+            "        Stop.calls += 1\n"
+            "        if Stop.calls == 2:\n"
+            "            raise KeyboardInterrupt\n"
+            "        return x\n"
+            "net = nn.Sequential(nn.Linear(4, 4), Stop(), nn.ReLU())")
+    run(ip, "%inspect net --every 2")
+    run(ip, "net(x)")
+    result = ip.run_cell("net(x)")  # Ctrl-C inside the model, in a step that is not recorded
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert module_globals._global_forward_hooks == {}  # nothing left over after the cell
+    run(ip, "for _ in range(4):\n    net(x)")
+    insp = magics(ip).inspectors["net"]
+    assert sorted(insp.frame().step.unique()) == [0, 2, 4]
+    assert set(insp.frame().query("step == 4").call) == {0}
+
+
+def test_torchscript_model_is_a_usage_error(ip):
+    ip.run_cell("scripted = torch.jit.script(model)")
+    with pytest.raises(UsageError, match="TorchScript"):
+        ip.run_line_magic("inspect", "scripted")
+    assert magics(ip).inspectors == {}
+
+
 def test_trap_from_the_magic(ip, capsys):
     ip.run_cell("class Boom(nn.Module):\n    def forward(self, x):\n        return x.log() * 0 - x.abs().log()\n"
                 "bad = nn.Sequential(nn.Linear(4, 4), Boom())\n"
@@ -81,7 +138,8 @@ def test_trap_from_the_magic(ip, capsys):
     err = capsys.readouterr()
     assert "NonFiniteError" in err.out + err.err
     assert "'1'" in err.out + err.err
-    assert result is not None
+    assert isinstance(result.error_in_exec, scn.NonFiniteError)  # the cell fails with it
+    assert result.error_in_exec.module == "1"
 
 
 @pytest.mark.parametrize("line, message", [

@@ -422,10 +422,11 @@ def test_module_compile_is_inspected():
 def test_torch_compile_wrapper_inspects_the_original_and_warns():
     model = mlp()
     compiled = torch.compile(model, backend="eager")
-    with pytest.warns(UserWarning, match="compiled regions may bypass"):
+    with pytest.warns(UserWarning, match="run eagerly while inspected"):
         insp = scn.inspect(compiled)
+    assert compiled.forward == model.__call__
     insp.stop()
-    assert insp.model is model
+    assert insp.model is model and compiled.forward != model.__call__
 
 
 def test_rows_carry_the_rank(monkeypatch):
@@ -472,7 +473,7 @@ def test_bad_arguments_are_refused_before_anything_is_attached():
 
 
 def test_column_list_is_the_documented_one():
-    assert COLUMNS[-1] == "rank" and len(COLUMNS) == 18
+    assert COLUMNS[-2:] == ("rank", "training") and len(COLUMNS) == 19
 
 
 def test_warnings_are_not_emitted_in_normal_use():

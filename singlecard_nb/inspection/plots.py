@@ -14,6 +14,7 @@ from typing import Any
 # at 1e4 from flattening every other row into one colour.
 _LOG_FRIENDLY = {"absmax", "std"}
 _BAD_COLOUR = "#e41a1c"  # NaN/Inf cells: red on viridis cannot be mistaken for a value
+_EVAL_COLOUR = "#ff7f00"  # markers over steps run in eval mode
 
 
 def _label(module: str) -> str:
@@ -35,20 +36,25 @@ def _empty(message: str) -> Any:
     return fig
 
 
-def heatmap(insp: Any, stat: str = "absmax", io: str = "output") -> Any:
+def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
+            training: bool | None = None) -> Any:
     """Module × step heatmap of one statistic of the recorded outputs; returns a Figure.
 
     stat: a statistic column of `insp.frame()` (absmax, std, mean, min, max, zeros, nan, inf).
     Cells whose statistic is NaN or ±Inf are drawn red: that is where non-finite values are.
+    Steps run in eval mode (every module's .training False) are marked with an orange ▼.
+    training: True or False keeps only rows recorded in that mode.
     """
     import matplotlib
     import numpy as np
     from matplotlib import colors, ticker
 
-    table = insp.history(stat, io)
+    table = insp.history(stat, io, training=training)
     if table is None or table.empty:
         return _empty(f"no {io} {stat!r} recorded yet: run the model while inspecting")
     frame = insp.frame()
+    if training is not None:
+        frame = frame[frame["training"] == training]
     values = table.to_numpy(dtype=float)
     finite = np.isfinite(values)
     # A NaN cell is either "the statistic was NaN" (red) or "the module did not run in that
@@ -83,10 +89,23 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output") -> Any:
     ax.set_yticks(positions, [labels[i] for i in positions], fontsize=8)
     ax.set_xlabel("step")
     title = f"{stat} of module {io}s per step"
+    eval_columns = _eval_columns(frame, steps)
+    if eval_columns and len(eval_columns) < len(steps):
+        ax.plot(eval_columns, [1.0] * len(eval_columns), "v", color=_EVAL_COLOUR, markersize=5,
+                transform=ax.get_xaxis_transform(), clip_on=False)
+        title += "  (▼ eval steps)"
     if bad.any():
         title += "  (red: NaN/Inf)"
     ax.set_title(title, fontsize=10)
     return fig
+
+
+def _eval_columns(frame: Any, steps: list) -> list[int]:
+    """Column positions of the steps in which every recorded module was in eval mode."""
+    if frame is None or frame.empty or "training" not in frame.columns:
+        return []
+    trained = frame.groupby("step")["training"].any()
+    return [i for i, step in enumerate(steps) if step in trained.index and not trained[step]]
 
 
 def _module_types(frame: Any) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import warnings
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -53,12 +55,13 @@ class InspectMagics(Magics):
               help="With off/show: which model (default: all).")
     @_options
     @line_magic
-    def inspect(self, line: str) -> None:
+    def inspect(self, line: str) -> Any:
         """Inspect a model's modules across cells: shapes and statistics of every tensor.
 
-        %inspect model --every 10 --grads    start (or restart with new options)
-        %inspect show [model]                display what was recorded
-        %inspect off [model]                 stop and remove every hook
+        insp = %inspect model --every 10 --grads    start (or restart with new options); gives
+                                                     the Inspector (also scn.inspector(model))
+        %inspect show [model]                        display what was recorded
+        %inspect off [model]                         stop and remove every hook
         """
         args = parse_argstring(self.inspect, line)
         if args.what in _ACTIONS:
@@ -73,7 +76,7 @@ class InspectMagics(Magics):
                     display(insp.summary())
             if args.what == "off" and not self.inspectors:
                 self._stop_flushing()
-            return
+            return None
         if args.name is not None:
             raise UsageError(f"%inspect takes one model, got {args.what!r} and {args.name!r}; "
                              "use `%inspect off NAME` or `%inspect show NAME`.")
@@ -86,6 +89,7 @@ class InspectMagics(Magics):
         self._start_flushing()
         if args.live:
             insp.live()
+        return insp  # `insp = %inspect model`; the inspector holds no activation
 
     @magic_arguments()
     @argument("what", metavar="MODEL", help="A variable holding an nn.Module.")
@@ -96,19 +100,52 @@ class InspectMagics(Magics):
 
         %%inspect model --grads
         loss = model(x).sum(); loss.backward()
+
+        An error in the cell fails the cell with that error (after the summary), as without the
+        magic. The inspector stays reachable: scn.inspector(model) or %inspect show model.
         """
         args = parse_argstring(self.inspect_cell, line)
+        running = self.inspectors.get(args.what)
+        if running is not None and running.active:
+            raise UsageError(f"%%inspect: {args.what!r} is already inspected across cells by "
+                             f"%inspect; use `%inspect show {args.what}`, or `%inspect off "
+                             f"{args.what}` first.")
         insp = self._make(self._model(args.what), args)
-        insp.start()
+        self.inspectors[args.what] = insp.start()
         try:
             if args.live:
                 insp.live()
-            self.shell.run_cell(cell, store_history=False)
+            self._run_body(cell)
         finally:
             insp.stop()  # also after an error or Ctrl-C inside the cell
-        display(insp.summary())
+            self._show_summary(insp)
 
     # --- helpers ----------------------------------------------------------------------------
+    def _run_body(self, cell: str) -> None:
+        """Run a cell body in the user's namespace as the shell would, except that an error
+        propagates: the cell then fails with the user's own exception (nbclient and "Run all"
+        stop there). The value of a last expression is displayed as a cell's would be."""
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        tree = shell.compile.ast_parse(source, filename=filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(shell.compile(tree, filename, "exec"), shell.user_global_ns, shell.user_ns)
+        if last is not None:
+            value = eval(shell.compile(last, filename, "eval"), shell.user_global_ns,
+                         shell.user_ns)
+            quiet = getattr(shell.displayhook, "semicolon_at_end_of_expression", None)
+            if value is not None and not (quiet is not None and quiet(source)):
+                shell.displayhook(value)
+
+    def _show_summary(self, insp) -> None:
+        try:
+            display(insp.summary())
+        except Exception as e:  # the cell's own error, if any, must stay the one raised
+            warnings.warn(f"singlecard_nb: could not display the summary: {e!r}", stacklevel=2)
+
     def _model(self, name: str):
         import torch
 
@@ -134,9 +171,12 @@ class InspectMagics(Magics):
         if args.max_rows is not None and args.max_rows < 1:
             raise UsageError(f"%inspect: --max-rows must be a positive integer, got "
                              f"{args.max_rows}.")
-        return Inspector(model, include=args.include, exclude=args.exclude,
-                         every=args.every, grads=args.grads, trap=args.trap,
-                         max_rows=args.max_rows)
+        try:
+            return Inspector(model, include=args.include, exclude=args.exclude,
+                             every=args.every, grads=args.grads, trap=args.trap,
+                             max_rows=args.max_rows)
+        except (TypeError, ValueError) as e:  # e.g. a TorchScript module
+            raise UsageError(f"%inspect: {e}") from None
 
     def _known(self, name: str | None) -> list[str]:
         if name is None:
@@ -148,8 +188,10 @@ class InspectMagics(Magics):
 
     def _flush_all(self, *_: Any) -> None:
         # A training cell ends mid-step: show its last step without waiting for the next one.
+        # flush() also closes a call of the model that Ctrl-C interrupted in this cell.
         for insp in self.inspectors.values():
-            insp.flush()
+            if insp.active:
+                insp.flush()
 
     def _start_flushing(self) -> None:
         if self._events is None:
