@@ -117,6 +117,7 @@ def status() -> report.Status:
     """What is pinned, how, and what else singlecard_nb has active. Never starts CUDA."""
     # Single-card mode is only asked if loaded: importing it just to say "off" is waste.
     parallel = _parallel().report() if _SINGLE_CARD in sys.modules else None
-    active = [(owner.name, owner.describe()) for owner in borrow.active_owners()]
+    active = [(owner.name, list(dict.fromkeys(owner.describe())))  # a label once, however many
+              for owner in borrow.active_owners()]
     return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
                                parallel=parallel)
