@@ -1,0 +1,152 @@
+"""Libraries nobody here wrote train under a pin: Lightning DDP, Hugging Face Trainer, accelerate.
+
+Tiny models with random weights, no downloads (HF_HUB_OFFLINE=1). Each library decides by
+itself how to use the world of one that single-card mode provides (torchrun's variables, a
+process group, DistributedDataParallel); the tests check that training finishes and learns,
+and that the pin's `off` closes what they opened.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from parallel_support import clean_state, listening  # noqa: F401 - clean_state: pytestmark
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from singlecard_nb import session
+from singlecard_nb.parallel import single_card as parallel
+
+pytestmark = [pytest.mark.usefixtures("clean_state"),
+              pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+
+@pytest.fixture
+def pinned_cpu():
+    session.pin("cpu")
+    yield
+    listeners = parallel.report()["listeners"]
+    session.release()
+    assert not dist.is_initialized()
+    assert not any(listening(address) for address in listeners)
+
+
+def linear_problem(n: int = 64) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=generator)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+# --- Lightning --------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_notebook"])
+def test_lightning_ddp_fit_completes_under_a_pin(pinned_cpu, strategy):
+    lightning = pytest.importorskip("lightning")
+
+    class Regression(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+            self.losses: list[float] = []
+            self.wrapped_in: list[type] = []
+
+        def training_step(self, batch, batch_index):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.losses.append(loss.item())
+            self.wrapped_in.append(type(self.trainer.strategy.model))
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    torch.manual_seed(0)
+    module = Regression()
+    trainer = lightning.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=4,
+                                logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, DataLoader(linear_problem(), batch_size=16))
+    assert trainer.state.finished and trainer.current_epoch == 4
+    assert set(module.wrapped_in) == {DDP}  # Lightning's own DDP over single-card's world
+    assert module.losses[-1] < module.losses[0] / 4
+    if strategy == "ddp_notebook":
+        assert any("start_processes" in n for n in parallel.report()["notices"])
+
+
+# --- Hugging Face Trainer ---------------------------------------------------------------------
+class TokenTask(Dataset):
+    """Label = whether the first token is in the upper half of the vocabulary."""
+
+    def __init__(self, n: int = 64, vocab: int = 32):
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, 8), generator=generator)
+        self.labels = (self.ids[:, 0] >= vocab // 2).long()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.ids[index], "labels": self.labels[index]}
+
+
+def test_hugging_face_trainer_trains_under_a_pin(pinned_cpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=16, num_labels=2)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)  # random weights
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=16, num_train_epochs=6,
+        learning_rate=5e-3, logging_steps=4, save_strategy="no", report_to=[],
+        disable_tqdm=True, seed=0)
+    try:
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=TokenTask())
+        trainer.train()
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        assert trainer.args.world_size == 1 and trainer.args.device.type == "cpu"
+        assert len(losses) == 6 and losses[-1] < losses[0] * 0.8, losses
+    finally:
+        _reset_accelerate()
+
+
+# --- accelerate -------------------------------------------------------------------------------
+def test_accelerate_prepared_loop_trains_under_a_pin(pinned_cpu):
+    accelerate = pytest.importorskip("accelerate")
+    try:
+        accelerator = accelerate.Accelerator()
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = DataLoader(linear_problem(), batch_size=16, shuffle=True)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        assert accelerator.num_processes == 1 and accelerator.device.type == "cpu"
+        assert int(os.environ["WORLD_SIZE"]) == 1  # what single-card mode told it
+        epoch_losses = []
+        for _ in range(4):
+            losses = []
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                losses.append(loss.item())
+            epoch_losses.append(sum(losses) / len(losses))
+        assert epoch_losses[-1] < epoch_losses[0] / 4, epoch_losses
+    finally:
+        _reset_accelerate()
+
+
+def _reset_accelerate() -> None:
+    """accelerate keeps one process-wide state; the next test (or user) starts afresh."""
+    try:
+        from accelerate.state import AcceleratorState
+    except ImportError:
+        return
+    AcceleratorState._reset_state(reset_partial_state=True)
