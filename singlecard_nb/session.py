@@ -1,8 +1,9 @@
 """The one place that ties the wings: a pin, the single-card mode that follows it, and status.
 
 `singlecard_nb.pin()`, `%singlecard` and the device picker all pin through here, so pinning and
-single-card mode always agree. The pin wing (`pin/`) knows nothing of single-card mode, and
-single-card mode (`single_card/`) is told its device rather than asking the pin. Single-card
+single-card mode always agree. The pin wing (`pinning/`) knows nothing of single-card mode, and
+single-card mode (`parallel/`) is told its device rather than asking the pin; status hands the
+report renderer what single-card mode says (remapped devices, open gloo listeners). Single-card
 mode is imported only when first needed: `%load_ext` and `status()` stay free of torch.distributed.
 """
 

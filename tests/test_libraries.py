@@ -29,10 +29,17 @@ pytestmark = [pytest.mark.usefixtures("clean_state"),
 
 @pytest.fixture
 def pinned_cpu():
+    # Lightning sets OMP_NUM_THREADS and torch's threads for its "workers": not for later tests.
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     session.pin("cpu")
     yield
     listeners = parallel.report()["listeners"]
     session.release()
+    torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
     assert not dist.is_initialized()
     assert not any(listening(address) for address in listeners)
 
