@@ -212,13 +212,18 @@ def single_card_table(quick: bool, markdown: bool) -> str:
     """Issue 8: what single-card mode's device remapping and its real DDP cost (harness)."""
     columns = ("bare", "patched", "remapping", "mode", "pass-through", "DDP")
     rows = []
-    for label, medians in harness.single_card_costs(quick):
-        base = medians.get("bare", medians.get("pass-through"))
-        rows.append([label] + [f"{medians[c]:.2f} ({medians[c] / base:.2f}×)" if c in medians
-                               else "" for c in columns])
-    return table(["single-card mode: median", "bare (mode off)", "targeted patches (on)",
+    for label, figures in harness.single_card_costs(quick):
+        base = figures.get("bare", figures.get("pass-through"))
+        rows.append([label] + [_median_and_min(figures[c], base) if c in figures else ""
+                               for c in columns])
+    return table(["single-card mode: median (ratio; min ratio)", "bare (mode off)",
+                  "targeted patches (on)",
                   "remapping 'cuda' -> cpu", "TorchFunctionMode", "pass-through (bare)",
                   "real DDP, world of one"], rows, markdown)
+
+
+def _median_and_min(figure: tuple[float, float], base: tuple[float, float]) -> str:
+    return f"{figure[0]:.2f} ({figure[0] / base[0]:.2f}×; {figure[1] / base[1]:.2f}×)"
 
 
 if __name__ == "__main__":

@@ -514,8 +514,11 @@ def _interleaved(variants: dict[str, Callable[[], float]], repeat: int) -> dict[
     return out
 
 
-def single_card_costs(quick: bool) -> list[tuple[str, dict[str, float]]]:
-    """(measurement, {variant: median}) rows: µs per call, or ms per training step.
+Figures = dict[str, tuple[float, float]]  # variant -> (median, min)
+
+
+def single_card_costs(quick: bool) -> list[tuple[str, Figures]]:
+    """(measurement, {variant: (median, min)}) rows: µs per call, or ms per training step.
 
     Variants: "bare" (single-card mode off), "patched" (single-card mode on with the CPU pinned,
     code naming only the device it is on: the path a hard GPU pin takes for code that only
@@ -525,6 +528,17 @@ def single_card_costs(quick: bool) -> list[tuple[str, dict[str, float]]]:
     """
     import singlecard_nb.parallel.single_card as single_card
 
+    # One intra-op thread: these rows compare Python overheads of a few µs, which a 2-thread op
+    # stalled by another process (a whole scheduler slice) would drown.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _single_card_rows(quick, single_card)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _single_card_rows(quick: bool, single_card: Any) -> list[tuple[str, Figures]]:
     repeat, number = (3, 300) if quick else (15, 3000)
     steps = 5 if quick else 40
     x = torch.randn(32, 20)
@@ -556,7 +570,7 @@ def single_card_costs(quick: bool) -> list[tuple[str, dict[str, float]]]:
 
         return step
 
-    rows: list[tuple[str, dict[str, float]]] = []
+    rows: list[tuple[str, Figures]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the notices of the "remapping" variant
         calls = {
@@ -581,8 +595,7 @@ def single_card_costs(quick: bool) -> list[tuple[str, dict[str, float]]]:
                 del variants["remapping"]  # no device named: nothing to remap
             for v in variants.values():
                 v()  # warm-up
-            times = _interleaved(variants, repeat)
-            rows.append((label, {k: statistics.median(t) for k, t in times.items()}))
+            rows.append((label, _median_and_min(_interleaved(variants, repeat))))
         rows += _ddp_costs(quick, single_card)
     return rows
 
@@ -596,11 +609,15 @@ def _single_card_on(single_card: Any):
         single_card.disable()
 
 
-def _ddp_costs(quick: bool, single_card: Any) -> list[tuple[str, dict[str, float]]]:
+def _median_and_min(times: dict[str, list[float]]) -> Figures:
+    return {k: (statistics.median(t), min(t)) for k, t in times.items()}
+
+
+def _ddp_costs(quick: bool, single_card: Any) -> list[tuple[str, Figures]]:
     """Training step: the bare module (what the pass-through ran) vs single-card's real DDP."""
     from torch.nn.parallel import DistributedDataParallel
 
-    repeat, steps = (3, 3) if quick else (15, 20)
+    repeat, steps = (3, 3) if quick else (25, 10)
     rows = []
     single_card.enable("cpu")
     try:
@@ -628,9 +645,8 @@ def _ddp_costs(quick: bool, single_card: Any) -> list[tuple[str, dict[str, float
             variants = {"pass-through": sampler(bare), "DDP": sampler(wrapped)}
             for v in variants.values():
                 v()
-            times = _interleaved(variants, repeat)
             rows.append((f"training step, {label} ({params:,} parameters), batch 64 (ms)",
-                         {k: statistics.median(t) for k, t in times.items()}))
+                         _median_and_min(_interleaved(variants, repeat))))
     finally:
         single_card.disable()
     return rows
