@@ -13,9 +13,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import run_fresh_python
 from parallel_support import clean_state, listening  # noqa: F401 - clean_state: pytestmark
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from singlecard_nb import session
@@ -51,38 +51,79 @@ def linear_problem(n: int = 64) -> TensorDataset:
 
 
 # --- Lightning --------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_notebook"])
-def test_lightning_ddp_fit_completes_under_a_pin(pinned_cpu, strategy):
-    lightning = pytest.importorskip("lightning")
+LIGHTNING_MODULE = """
+import lightning, torch
+from torch import nn
 
-    class Regression(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Linear(4, 1)
-            self.losses: list[float] = []
-            self.wrapped_in: list[type] = []
 
-        def training_step(self, batch, batch_index):
-            x, y = batch
-            loss = nn.functional.mse_loss(self.net(x), y)
-            self.losses.append(loss.item())
-            self.wrapped_in.append(type(self.trainer.strategy.model))
-            return loss
+class Regression(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+        self.losses, self.wrapped_in = [], []
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+    def training_step(self, batch, batch_index):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.item())
+        self.wrapped_in.append(type(self.trainer.strategy.model).__name__)
+        return loss
 
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def fit(strategy, loader):
     torch.manual_seed(0)
     module = Regression()
     trainer = lightning.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=4,
                                 logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, DataLoader(linear_problem(), batch_size=16))
+    trainer.fit(module, loader)
+    return trainer, module
+"""
+
+
+def _lightning_fit(strategy: str) -> tuple:
+    namespace: dict = {}
+    exec(compile(LIGHTNING_MODULE, "lightning_regression", "exec"), namespace)
+    return namespace["fit"](strategy, DataLoader(linear_problem(), batch_size=16))
+
+
+def test_lightning_ddp_notebook_fit_completes_under_a_pin(pinned_cpu):
+    pytest.importorskip("lightning")
+    trainer, module = _lightning_fit("ddp_notebook")  # Lightning's strategy for notebooks
     assert trainer.state.finished and trainer.current_epoch == 4
-    assert set(module.wrapped_in) == {DDP}  # Lightning's own DDP over single-card's world
+    assert set(module.wrapped_in) == {"DistributedDataParallel"}  # over single-card's world
     assert module.losses[-1] < module.losses[0] / 4
-    if strategy == "ddp_notebook":
-        assert any("start_processes" in n for n in parallel.report()["notices"])
+    assert any("start_processes" in n for n in parallel.report()["notices"])
+
+
+@pytest.mark.slow
+def test_lightning_ddp_fit_completes_in_a_pinned_script():
+    # Lightning refuses strategy="ddp" where Python is interactive (a notebook, or this test
+    # process once any test made an IPython shell): it is the scripts' strategy, so a script.
+    pytest.importorskip("lightning")
+    code = LIGHTNING_MODULE + """
+import json
+import singlecard_nb
+from torch.utils.data import DataLoader, TensorDataset
+from singlecard_nb.parallel import single_card
+
+singlecard_nb.pin("cpu")
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+trainer, module = fit("ddp", DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16))
+report = single_card.report()
+singlecard_nb.release()
+print(json.dumps({"finished": trainer.state.finished, "epoch": trainer.current_epoch,
+                  "wrapped": sorted(set(module.wrapped_in)), "first": module.losses[0],
+                  "last": module.losses[-1], "groups": report["groups"],
+                  "initialized": torch.distributed.is_initialized()}))
+"""
+    result, _ = run_fresh_python(code)
+    assert result["finished"] and result["epoch"] == 4 and result["groups"] == 1
+    assert result["wrapped"] == ["DistributedDataParallel"]
+    assert result["last"] < result["first"] / 4 and result["initialized"] is False
 
 
 # --- Hugging Face Trainer ---------------------------------------------------------------------
