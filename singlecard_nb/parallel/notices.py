@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Union
 
 Message = Union[str, Callable[[], str]]  # a callable is only called the first time
+_ONCE = "said once; `%singlecard status` counts each time"
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Notices:
                 return
             text = message if isinstance(message, str) else message()
             self._by_kind[kind] = Notice(kind, text)
-        warnings.warn(text, UserWarning, stacklevel=stacklevel + 1)
+        warnings.warn(f"{text} [{_ONCE}]", UserWarning, stacklevel=stacklevel + 1)
 
     def said(self, kind: str) -> bool:
         return kind in self._by_kind

@@ -90,8 +90,8 @@ class Remapper:
         self.notices.say(
             kind,
             lambda: (f"singlecard_nb: {call.format(_argument(requested))} uses {self.device}, and "
-                     f"so will every {_KINDS.get(kind, kind)} that names another CUDA device "
-                     "while single-card mode is on (counted in `%singlecard status`)."),
+                     f"so will every {_KINDS.get(kind, kind)} that names a CUDA device other "
+                     "than the pinned one while single-card mode is on."),
             stacklevel=stacklevel,
         )
 
