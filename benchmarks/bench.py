@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc-off", action="store_true",
                     help="disable garbage collection during each timed sample (timeit-style)")
     ap.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    ap.add_argument("--single-card", action="store_true",
+                    help="only the single-card table (device remapping, world-of-one DDP)")
     args = ap.parse_args(argv)
     args.skip = {s for s in args.skip.split(",") if s} - {"bare", "train"}
     models = [m for m in args.models.split(",") if m]
@@ -61,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     harness.GC_OFF = report.GC_OFF = args.gc_off
     torch.set_num_threads(report.THREADS)
     t_start = time.perf_counter()
+    if args.single_card:
+        print(machine_line("single-card mode only") + f"; load {machine_load()}\n")
+        print(single_card_table(args.quick, args.markdown))
+        return 0
 
     import singlecard_nb
 
@@ -182,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(head, rrows, md))
         print()
 
+    if not args.no_extras:
+        print(single_card_table(args.quick, md))
+        print()
+
     load_end = machine_load()
     print(f"Machine load (1-min average; CPU pressure over 60 s): at start {load_start}; "
           f"at end {load_end}.")
@@ -196,6 +206,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"targets: {passes} pass, {fails} fail; variant errors: {errors}; "
           f"total {time.perf_counter() - t_start:.0f} s")
     return 1 if errors else 0
+
+
+def single_card_table(quick: bool, markdown: bool) -> str:
+    """Issue 8: what single-card mode's device remapping and its real DDP cost (harness)."""
+    columns = ("bare", "patched", "remapping", "mode", "pass-through", "DDP")
+    rows = []
+    for label, figures in harness.single_card_costs(quick):
+        base = figures.get("bare", figures.get("pass-through"))
+        rows.append([label] + [_median_and_min(figures[c], base) if c in figures else ""
+                               for c in columns])
+    return table(["single-card mode: median (ratio; min ratio)", "bare (mode off)",
+                  "targeted patches (on)",
+                  "remapping 'cuda' -> cpu", "TorchFunctionMode", "pass-through (bare)",
+                  "real DDP, world of one"], rows, markdown)
+
+
+def _median_and_min(figure: tuple[float, float], base: tuple[float, float]) -> str:
+    return f"{figure[0]:.2f} ({figure[0] / base[0]:.2f}×; {figure[1] / base[1]:.2f}×)"
 
 
 if __name__ == "__main__":

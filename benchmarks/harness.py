@@ -12,6 +12,7 @@ import contextlib
 import copy
 import gc
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -470,3 +471,182 @@ def time_reductions(quick: bool) -> tuple[dict, dict]:
             res[(name, which)] = per
     shapes = {(n, w): tuple(t.shape) for n, d in acts.items() for w, t in d.items()}
     return res, shapes
+
+
+# --------------------------------------------------------------------------------------------
+# single-card mode: what device remapping and the world-of-one DDP cost (issue 8)
+# --------------------------------------------------------------------------------------------
+# Self-contained: its own models, its own timing loop, single-card mode turned on and off
+# around the samples that need it. Variants are interleaved round-robin like the model rows.
+
+
+class _DeviceRewriteMode(torch.overrides.TorchFunctionMode):
+    """The alternative to targeted patches: see every torch call and rewrite `device=`.
+
+    A lower bound of what a remapping mode would cost: it only reads one keyword (a real one
+    would also look at the positional device of .to(), .cuda(), ...).
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and isinstance(device, str) and device.startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def _per_call_us(fn: Callable[[], Any], number: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number * 1e6
+
+
+def _interleaved(variants: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
+    """Each variant's sample function called `repeat` times, rotated round-robin."""
+    keys = list(variants)
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(repeat):
+        gc.collect()
+        k = r % len(keys)
+        for key in keys[k:] + keys[:k]:
+            out[key].append(variants[key]())
+    return out
+
+
+Figures = dict[str, tuple[float, float]]  # variant -> (median, min)
+
+
+def single_card_costs(quick: bool) -> list[tuple[str, Figures]]:
+    """(measurement, {variant: (median, min)}) rows: µs per call, or ms per training step.
+
+    Variants: "bare" (single-card mode off), "patched" (single-card mode on with the CPU pinned,
+    code naming only the device it is on: the path a hard GPU pin takes for code that only
+    says cuda:0), "remapping" (code says "cuda", remapped to the CPU), "mode" (the
+    `_DeviceRewriteMode` above, single-card mode off), "DDP" (the real DDP over a world of one
+    single-card mode builds), "pass-through" (the former DDP stand-in: the bare module).
+    """
+    import singlecard_nb.parallel.single_card as single_card
+
+    # One intra-op thread: these rows compare Python overheads of a few µs, which a 2-thread op
+    # stalled by another process (a whole scheduler slice) would drown.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _single_card_rows(quick, single_card)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _single_card_rows(quick: bool, single_card: Any) -> list[tuple[str, Figures]]:
+    repeat, number = (3, 300) if quick else (15, 3000)
+    steps = 5 if quick else 40
+    x = torch.randn(32, 20)
+    small = torch.randn(16)
+
+    def with_state(state: str, fn: Callable[[], Any], number: int, per: float = 1e6) -> float:
+        # One sample: `fn` run `number` times in `state` (after one untimed call there);
+        # µs per call (per=1e6) or ms per call (per=1e3).
+        context: Any = contextlib.nullcontext()
+        if state == "mode":
+            context = _DeviceRewriteMode()
+        elif state in ("patched", "remapping"):
+            context = _single_card_on(single_card)
+        with context:
+            fn()
+            return _per_call_us(fn, number) / 1e6 * per
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def training_step(device: str) -> Callable[[], None]:
+        def step() -> None:  # what a script's loop does: move the batch, make a tensor, step
+            source, target = x.to(device), x[:, :1].to(device)
+            noise = torch.zeros(1, device=device)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(source) + noise, target).backward()
+            optimizer.step()
+
+        return step
+
+    rows: list[tuple[str, Figures]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the notices of the "remapping" variant
+        calls = {
+            "x.to(device) (µs per call)": (lambda d: (lambda: x.to(d)), number),
+            "torch.zeros(16, device=...) (µs per call)":
+                (lambda d: (lambda: torch.zeros(16, device=d)), number),
+            "a + b, 16 elements: any op that names no device (µs per call)":
+                (lambda d: (lambda: small + small), number),
+            "training step, MLP 20-64-1, batch 32 (ms)": (training_step, steps),
+        }
+        for label, (make, n) in calls.items():
+            per = 1e3 if label.endswith("(ms)") else 1e6
+            variants = {
+                "bare": lambda make=make, n=n, per=per: with_state("bare", make("cpu"), n, per),
+                "patched": lambda make=make, n=n, per=per: with_state("patched", make("cpu"), n,
+                                                                      per),
+                "remapping": lambda make=make, n=n, per=per: with_state("remapping",
+                                                                        make("cuda"), n, per),
+                "mode": lambda make=make, n=n, per=per: with_state("mode", make("cpu"), n, per),
+            }
+            if label.startswith("a + b"):
+                del variants["remapping"]  # no device named: nothing to remap
+            for v in variants.values():
+                v()  # warm-up
+            rows.append((label, _median_and_min(_interleaved(variants, repeat))))
+        rows += _ddp_costs(quick, single_card)
+    return rows
+
+
+@contextlib.contextmanager
+def _single_card_on(single_card: Any):
+    single_card.enable("cpu")
+    try:
+        yield
+    finally:
+        single_card.disable()
+
+
+def _median_and_min(times: dict[str, list[float]]) -> Figures:
+    return {k: (statistics.median(t), min(t)) for k, t in times.items()}
+
+
+def _ddp_costs(quick: bool, single_card: Any) -> list[tuple[str, Figures]]:
+    """Training step: the bare module (what the pass-through ran) vs single-card's real DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    repeat, steps = (3, 3) if quick else (25, 10)
+    rows = []
+    single_card.enable("cpu")
+    try:
+        for label, width, depth in (("MLP 20-64-1", 64, 1), ("MLP 512×4", 512, 4)):
+            torch.manual_seed(0)
+            layers: list[nn.Module] = [nn.Linear(20, width), nn.ReLU()]
+            for _ in range(depth - 1):
+                layers += [nn.Linear(width, width), nn.ReLU()]
+            bare = nn.Sequential(*layers, nn.Linear(width, 1))
+            wrapped = DistributedDataParallel(copy.deepcopy(bare))
+            x, y = torch.randn(64, 20), torch.randn(64, 1)
+            params = sum(p.numel() for p in bare.parameters())
+
+            def sampler(net: nn.Module, x: torch.Tensor = x, y: torch.Tensor = y
+                        ) -> Callable[[], float]:
+                optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+
+                def step() -> None:
+                    optimizer.zero_grad()
+                    nn.functional.mse_loss(net(x), y).backward()
+                    optimizer.step()
+
+                return lambda: _per_call_us(step, steps) / 1e3
+
+            variants = {"pass-through": sampler(bare), "DDP": sampler(wrapped)}
+            for v in variants.values():
+                v()
+            rows.append((f"training step, {label} ({params:,} parameters), batch 64 (ms)",
+                         _median_and_min(_interleaved(variants, repeat))))
+    finally:
+        single_card.disable()
+    return rows

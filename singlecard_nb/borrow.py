@@ -5,6 +5,7 @@ Every change singlecard_nb makes to torch, IPython or the process environment go
 `%unload_ext singlecard_nb` (`restore_all`) can give everything back, and `%singlecard status`
 can say what is active. Patches nest: when two owners patch the same attribute and the lower one
 is restored first, the upper one is rewired to restore the original, not the lower one's value.
+An environment variable changed by someone else after we set it is theirs: restoring keeps it.
 """
 
 from __future__ import annotations
@@ -25,15 +26,27 @@ _next_owner_id = 0
 
 
 class _Change:
-    """One saved slot: what was there before, and how to put a value back."""
+    """One saved slot: what was there before, and how to put a value back.
 
-    __slots__ = ("key", "old", "put", "label")
+    `read`, when given, reads the slot now: restoring then leaves alone a slot that no longer
+    holds `new` (the value this change wrote), because someone changed it since.
+    """
 
-    def __init__(self, key, old, put: Callable[[Any], None], label: str):
+    __slots__ = ("key", "old", "new", "put", "read", "label")
+
+    def __init__(self, key, old, new, put: Callable[[Any], None], label: str,
+                 read: Callable[[], Any] | None = None):
         self.key = key
         self.old = old
+        self.new = new
         self.put = put  # put(value_or_MISSING) writes the slot
+        self.read = read
         self.label = label
+
+    def give_back(self) -> None:
+        if self.read is not None and self.read() != self.new:
+            return  # changed by someone else after us: theirs now, keep it
+        self.put(self.old)
 
 
 def _read_slot(obj: Any, name: str) -> Any:
@@ -95,11 +108,16 @@ class Borrowed:
         value: str | None,
         environ: MutableMapping[str, str] | None = None,
     ) -> None:
-        """Set (or, with None, unset) an environment variable, remembering the previous value."""
+        """Set (or, with None, unset) an environment variable, remembering the previous value.
+
+        Restoring puts the previous value back only while the variable still holds `value`: a
+        value the user (or their code) set in the meantime is theirs, and stays.
+        """
         environ = os.environ if environ is None else environ
         writer = _env_writer(environ, name)
         self._push(("env", id(environ), name), environ.get(name, _MISSING), writer,
-                   _MISSING if value is None else value, f"${name}")
+                   _MISSING if value is None else value, f"${name}",
+                   read=lambda: environ.get(name, _MISSING))
 
     def add_handle(self, handle: Any, label: str) -> Any:
         """Own a removable handle (anything with `.remove()`); returns it."""
@@ -147,9 +165,10 @@ class Borrowed:
         return f"<Borrowed {self.name!r}: {len(self._undo)} change(s)>"
 
     # --- internals ------------------------------------------------------------------------
-    def _push(self, key, current_old: Any, put: Callable[[Any], None], value: Any, label: str) -> None:
+    def _push(self, key, current_old: Any, put: Callable[[Any], None], value: Any, label: str,
+              read: Callable[[], Any] | None = None) -> None:
         with _lock:
-            change = _Change(key, current_old, put, label)
+            change = _Change(key, current_old, value, put, label, read)
             put(value)
             _stacks.setdefault(key, []).append(change)
             self._undo.append((label, lambda: _pop(change)))
@@ -163,7 +182,7 @@ def _pop(change: _Change) -> None:
             return
         position = stack.index(change)
         if position == len(stack) - 1:
-            change.put(change.old)
+            change.give_back()
         else:
             # A later change sits on top of ours: it must now restore what we saved.
             stack[position + 1].old = change.old

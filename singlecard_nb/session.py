@@ -1,8 +1,9 @@
 """The one place that ties the wings: a pin, the single-card mode that follows it, and status.
 
 `singlecard_nb.pin()`, `%singlecard` and the device picker all pin through here, so pinning and
-single-card mode always agree. The pin wing (`pin/`) knows nothing of single-card mode, and
-single-card mode (`single_card/`) is told its device rather than asking the pin. Single-card
+single-card mode always agree. The pin wing (`pinning/`) knows nothing of single-card mode, and
+single-card mode (`parallel/`) is told its device rather than asking the pin; status hands the
+report renderer what single-card mode says (remapped devices, open gloo listeners). Single-card
 mode is imported only when first needed: `%load_ext` and `status()` stay free of torch.distributed.
 """
 
@@ -125,6 +126,7 @@ def status() -> report.Status:
     """What is pinned, how, and what else singlecard_nb has active. Never starts CUDA."""
     # Single-card mode is only asked if loaded: importing it just to say "off" is waste.
     parallel = _parallel().report() if _SINGLE_CARD in sys.modules else None
-    active = [(owner.name, owner.describe()) for owner in borrow.active_owners()]
+    active = [(owner.name, list(dict.fromkeys(owner.describe())))  # a label once, however many
+              for owner in borrow.active_owners()]
     return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
                                parallel=parallel)

@@ -1,4 +1,4 @@
-"""Single-card mode: DataParallel / DDP / process groups / torchrun env on the one pinned device."""
+"""Single-card mode: DataParallel / DDP / process groups / spawn / torchrun env on one device."""
 
 from __future__ import annotations
 
@@ -14,8 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+from parallel_support import (
+    TORCHRUN_VARS,
+    builtin_table_size,
+    clean_state,  # noqa: F401 - used by every test (pytestmark)
+    listening,
+    on_linux,
+    patched_objects,
+    refuses_connections,
+)
 from torch import nn
 from torch.distributed import distributed_c10d
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -24,40 +35,13 @@ from singlecard_nb import session
 from singlecard_nb.parallel import single_card as parallel
 
 SCRIPT = Path(__file__).resolve().parents[1] / "notebooks" / "scripts" / "multigpu_torchrun.py"
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 CPU = torch.device("cpu")
 SHORT = timedelta(seconds=20)  # a broken world-of-one would otherwise wait 30 min for peers
 
 Pair = namedtuple("Pair", "x scale")
 
-
-def patched_objects() -> dict[str, object]:
-    """Every torch object single-card mode replaces, read fresh."""
-    objects = {f"DataParallel.{n}": nn.DataParallel.__dict__[n] for n in ("__init__", "forward")}
-    for name in ("__init__", "forward", "__setstate__", *parallel._DDP_PASSTHROUGH_METHODS):
-        objects[f"DDP.{name}"] = DDP.__dict__[name]
-    objects["dist.init_process_group"] = dist.init_process_group
-    objects["c10d.init_process_group"] = distributed_c10d.init_process_group
-    objects["torch.cuda.set_device"] = torch.cuda.set_device
-    return objects
-
-
-@pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
-    """No torchrun variables from the outside; single-card mode and process groups end after."""
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    yield
-    parallel.disable()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = [pytest.mark.usefixtures("clean_state"),
+              pytest.mark.filterwarnings("ignore:singlecard_nb. :UserWarning")]
 
 
 def model_pair(seed: int = 0) -> tuple[nn.Module, nn.Module]:
@@ -73,10 +57,10 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
 # --- enable / disable -------------------------------------------------------------------------
 def test_disable_restores_the_identical_objects_and_environment(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")  # set by the user: must be left alone
-    before = patched_objects()
+    before, table = patched_objects(), builtin_table_size()
     parallel.enable(CPU)
     during = patched_objects()
-    assert all(during[name] is not before[name] for name in before)
+    assert [name for name in before if during[name] is before[name]] == []
     assert {name: os.environ[name] for name in TORCHRUN_VARS[:4]} == {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -88,26 +72,40 @@ def test_disable_restores_the_identical_objects_and_environment(monkeypatch):
     report = parallel.report()
     assert report["enabled"] and report["device"] == "cpu"
     assert "DataParallel.forward" in report["patched"] and "$RANK" in report["patched"]
+    assert len(report["patched"]) == len(set(report["patched"]))  # each label once
 
     parallel.disable()
     after = patched_objects()
-    assert all(after[name] is before[name] for name in before)
+    assert [name for name in before if after[name] is not before[name]] == []
+    assert builtin_table_size() == table
     assert [v for v in TORCHRUN_VARS if v in os.environ] == ["MASTER_ADDR"]
     assert os.environ["MASTER_ADDR"] == "10.0.0.7"
     assert parallel.report()["enabled"] is False and parallel.report()["patched"] == []
     parallel.disable()  # idempotent
 
 
-def test_a_failure_half_way_through_enable_changes_nothing(monkeypatch):
+def test_a_gpu_pin_leaves_the_cuda_calls_of_the_cpu_mode_alone():
     before = patched_objects()
+    parallel.enable(torch.device("cuda", 1))  # nothing touches CUDA until user code does
+    during = patched_objects()
+    unchanged = {name for name in before if during[name] is before[name]}
+    assert unchanged == set(before) - set(patched_objects(cpu=False))
+    assert "torch.cuda.synchronize" in unchanged and "Tensor.to" not in unchanged
+    parallel.disable()
+    assert all(patched_objects()[name] is before[name] for name in before)
+
+
+def test_a_failure_half_way_through_enable_changes_nothing(monkeypatch):
+    before, table = patched_objects(), builtin_table_size()
 
     def broken(owner):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(parallel, "_patch_cuda_set_device", broken)
+    monkeypatch.setattr(parallel, "_provide_torchrun_env", broken)  # the last step
     with pytest.raises(RuntimeError, match="boom"):
         parallel.enable(CPU)
     assert all(patched_objects()[name] is before[name] for name in before)
+    assert builtin_table_size() == table
     assert not any(name in os.environ for name in TORCHRUN_VARS)
     assert parallel.report()["enabled"] is False
 
@@ -126,21 +124,6 @@ def test_enable_is_idempotent_and_switches_device_without_starting_cuda(monkeypa
     assert parallel.report()["device"] == "cuda:1" and parallel._state.owner is not owner
     parallel.disable()
     assert parallel.report()["enabled"] is False
-
-
-def test_torch_cuda_set_device_is_harmless_on_the_cpu():
-    parallel.enable(CPU)
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # raises without CUDA when off
-    torch.cuda.set_device(3)
-
-
-def test_set_device_selects_the_pinned_card_whatever_index_is_asked(monkeypatch):
-    selected = []
-    monkeypatch.setattr(torch.cuda, "set_device", selected.append)  # the "original"
-    parallel.enable(torch.device("cuda", 2))  # soft pin: cuda:2
-    torch.cuda.set_device(0)
-    torch.cuda.set_device(torch.device("cuda", 5))
-    assert selected == [2, 2]
 
 
 # --- DataParallel -----------------------------------------------------------------------------
@@ -187,7 +170,7 @@ def test_inputs_are_moved_like_data_parallel_moves_them():
     assert seq.data.device == meta and seq.batch_sizes.device == CPU  # as pack_sequence needs
 
 
-def test_wrappers_put_module_and_inputs_on_the_pinned_device():
+def test_data_parallel_puts_module_and_inputs_on_the_pinned_device():
     meta = torch.device("meta")  # stands in for a GPU on a CPU-only machine
     parallel.enable(meta)
     model = nn.Linear(2, 2)
@@ -195,10 +178,25 @@ def test_wrappers_put_module_and_inputs_on_the_pinned_device():
     out = wrapped(torch.randn(4, 2), **{})
     assert model.weight.device == meta and out.device == meta and out.shape == (4, 2)
     assert wrapped.src_device_obj == meta and wrapped.device_ids == []
-    ddp = DDP(nn.Linear(2, 2), device_ids=[0])  # device_ids: the pinned device
-    assert ddp.module.weight.device == meta and ddp(torch.randn(4, 2)).device == meta
-    cpu_ddp = DDP(nn.Linear(2, 2))  # a CPU module without device_ids: a CPU DDP program
-    assert cpu_ddp.module.weight.device == CPU and cpu_ddp(torch.randn(4, 2)).device == CPU
+
+
+def test_functional_data_parallel_runs_on_the_pinned_device_in_this_thread():
+    model, bare = model_pair()
+    x = torch.randn(5, 6)
+    with pytest.raises((RuntimeError, AssertionError)):  # torch alone: no GPUs to replicate on
+        nn.parallel.data_parallel(model, x, device_ids=[0, 1])
+    parallel.enable(CPU)
+    threads = []
+    model.register_forward_hook(lambda *_: threads.append(threading.get_ident()))
+    out = nn.parallel.data_parallel(model, x, device_ids=[0, 1], output_device=1)
+    torch.testing.assert_close(out, bare(x), rtol=0, atol=0)
+    assert threads == [threading.get_ident()]
+    kwargs_model = nn.Bilinear(6, 6, 2)
+    both = nn.parallel.data_parallel(kwargs_model, (x,), [0], module_kwargs={"input2": x})
+    torch.testing.assert_close(both, kwargs_model(x, x))
+    meta = torch.device("meta")
+    parallel.enable(meta)
+    assert torch.nn.parallel.data_parallel(model, x).device == meta and model[0].weight.is_meta
 
 
 def test_data_parallel_built_before_single_card_mode_runs_single_card():
@@ -238,14 +236,28 @@ def test_checkpoints_round_trip_between_wrapped_and_bare_models():
         torch.testing.assert_close(model(x), wrapped(x), rtol=0, atol=0)
 
 
-# --- DistributedDataParallel ------------------------------------------------------------------
-def test_ddp_training_step_equals_a_bare_model_step_with_cpu_device_ids():
+# --- DistributedDataParallel: the real one over a world of one --------------------------------
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_ddp_is_the_real_ddp_and_trains_like_the_bare_model_with_cpu_device_ids():
     parallel.enable(CPU)
     model, bare = model_pair()
-    # Real DDP rejects device_ids for a CPU module and needs init_process_group first.
-    ddp = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])], find_unused_parameters=False)
-    assert isinstance(ddp, DDP) and ddp.module is model
+    # Without single-card mode: no process group, and device_ids rejected for a CPU module.
+    with pytest.warns(UserWarning, match="formed a world of one"):
+        ddp = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])], find_unused_parameters=False)
+    assert isinstance(ddp, DDP) and ddp.module is model and dist.get_world_size() == 1
     assert all(key.startswith("module.") for key in ddp.state_dict())
+    # What Lightning, Hugging Face and accelerate touch is DDP's own.
+    assert isinstance(ddp.reducer, dist.Reducer) and isinstance(ddp.logger, dist.Logger)
+    assert ddp.bucket_bytes_cap > 0 and ddp.find_unused_parameters is False
+    assert ddp.device_ids is None and ddp.process_group is dist.group.WORLD
     opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     opt_bare = torch.optim.SGD(bare.parameters(), lr=0.1, momentum=0.9)
     for _ in range(3):
@@ -257,7 +269,21 @@ def test_ddp_training_step_equals_a_bare_model_step_with_cpu_device_ids():
         for a, b in zip(model.parameters(), bare.parameters()):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+    logging = ddp._get_ddp_logging_data()
+    assert logging["world_size"] == 1 and logging["bucket_cap_bytes"] == ddp.bucket_bytes_cap
     assert parallel.report()["wrappers"] == 1
+
+
+def test_ddp_device_ids_follow_the_pin_and_say_so_once():
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match=r"device_ids=\[3\], output_device=3\) runs on cpu"):
+        first = DDP(nn.Linear(2, 2), device_ids=[3], output_device=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DDP(nn.Linear(2, 2), device_ids=[torch.device("cuda", 1)])  # said once
+    assert first.device_ids is None and first.output_device is None
+    notices = parallel.report()["notices"]
+    assert any("device_ids=[3]" in line and line.endswith("(×2)") for line in notices), notices
 
 
 def test_ddp_no_sync_accumulates_like_the_bare_model():
@@ -277,30 +303,61 @@ def test_ddp_no_sync_accumulates_like_the_bare_model():
         torch.testing.assert_close(a, b)
 
 
-def test_ddp_join_comm_hooks_static_graph_unused_parameters_and_copies():
-    class WithUnused(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.used, self.unused = nn.Linear(3, 3), nn.Linear(3, 3)
-
-        def forward(self, x):
-            return self.used(x)
-
+def test_ddp_complains_about_unused_parameters_as_ddp_does():
     parallel.enable(CPU)
-    ddp = DDP(WithUnused(), device_ids=[0])  # unused parameters, find_unused_parameters=False
-    calls = []
-    ddp.register_comm_hook(state=None, hook=lambda state, bucket: calls.append(bucket))
-    ddp._set_static_graph()
-    assert ddp.static_graph is True
+    ddp = DDP(WithUnused())  # find_unused_parameters=False
+    ddp(torch.randn(2, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="Expected to have finished reduction"):
+        ddp(torch.randn(2, 3)).sum().backward()
+    finds = DDP(WithUnused(), find_unused_parameters=True)
+    for _ in range(2):
+        finds(torch.randn(2, 3)).sum().backward()
+    static = DDP(WithUnused(), static_graph=True)
+    for _ in range(3):
+        static(torch.randn(2, 3)).sum().backward()
+    assert static.static_graph is True and static.module.unused.weight.grad is None
+
+
+def test_ddp_comm_hooks_really_run():
+    parallel.enable(CPU)
+    model, bare = model_pair()
+    ddp = DDP(model)
+    buckets = []
+
+    def recording_hook(state, bucket):
+        buckets.append(bucket.buffer().numel())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(state=dist.group.WORLD, hook=recording_hook)
+    x = torch.randn(4, 6)
+    ddp(x).sum().backward()
+    bare(x).sum().backward()
+    assert sum(buckets) == sum(p.numel() for p in model.parameters())
+    for a, b in zip(grads(model), grads(bare)):
+        torch.testing.assert_close(a, b)
+
+    compressed, reference = model_pair(seed=3)
+    fp16 = DDP(compressed)
+    fp16.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+    big = torch.randn(4, 6) * 1000
+    fp16(big).sum().backward()
+    reference(big).sum().backward()
+    rounded = [g.half().float() for g in grads(reference)]
+    assert grads(compressed)[0].tolist() == rounded[0].tolist()  # the hook's numerics happened
+    assert grads(compressed)[0].tolist() != grads(reference)[0].tolist()
+    with pytest.raises(RuntimeError, match="register_comm_hook"):
+        fp16.register_comm_hook(state=None, hook=default_hooks.allreduce_hook)  # DDP's own rule
+
+
+def test_ddp_join_and_copies():
+    parallel.enable(CPU)
+    ddp = DDP(nn.Linear(3, 3))
     with ddp.join():
         for _ in range(2):
             ddp(torch.randn(2, 3)).sum().backward()
-    assert calls == []  # nothing to communicate in a world of one
     clone = copy.deepcopy(ddp)
     assert isinstance(clone, DDP) and clone.module is not ddp.module
     torch.testing.assert_close(clone(torch.ones(1, 3)), ddp(torch.ones(1, 3)))
-    with pytest.raises(TypeError):
-        ddp.register_comm_hook(None, "not a hook")
 
 
 def test_ddp_keeps_the_errors_real_ddp_gives_one_process():
@@ -314,7 +371,7 @@ def test_ddp_keeps_the_errors_real_ddp_gives_one_process():
         DDP(nn.Linear(2, 2), no_such_option=True)
 
 
-def test_real_ddp_built_before_single_card_mode_is_run_through_and_unwrapped():
+def test_real_ddp_built_before_single_card_mode_keeps_working_and_is_unwrapped():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=SHORT)
     model, bare = model_pair()
     real = DDP(model)
@@ -326,7 +383,8 @@ def test_real_ddp_built_before_single_card_mode_is_run_through_and_unwrapped():
         torch.testing.assert_close(a, b)
     assert parallel.unwrap(real) is model
     parallel.disable()
-    real(x).sum().backward()  # DDP's own forward and reducer work again
+    real(x).sum().backward()  # not ours: its group is the user's and stays
+    assert dist.is_initialized()
 
 
 def test_unwrap_nested_wrappers_and_moves_to_the_pinned_device():
@@ -388,6 +446,115 @@ def test_a_launcher_world_size_is_overridden_with_a_notice(monkeypatch):
     assert dist.get_world_size() == 1
 
 
+# --- the gloo listener of a world-of-one group ------------------------------------------------
+needs_proc = pytest.mark.skipif(not on_linux(), reason="reads the process's sockets from /proc")
+
+
+def _group_with_a_trained_ddp() -> tuple[str, DDP]:
+    dist.init_process_group("gloo", timeout=SHORT)
+    (address,) = parallel.report()["listeners"]
+    assert listening(address)
+    ddp = DDP(nn.Linear(3, 3))  # holds the group, as a training script's model does
+    ddp(torch.randn(2, 3)).sum().backward()
+    return address, ddp
+
+
+@needs_proc
+def test_destroy_process_group_closes_the_gloo_listener_even_while_a_ddp_holds_the_group():
+    parallel.enable(CPU)
+    address, ddp = _group_with_a_trained_ddp()
+    dist.destroy_process_group()
+    assert not listening(address) and refuses_connections(address)
+    assert parallel.report()["listeners"] == []
+    with pytest.raises(RuntimeError, match="Build the wrapper again"):
+        ddp(torch.randn(2, 3))
+    assert isinstance(ddp.module, nn.Linear) and list(ddp.state_dict()) == [
+        "module.weight", "module.bias"]
+    dist.init_process_group("gloo", timeout=SHORT)  # a fresh one opens a fresh listener
+    assert len(parallel.report()["listeners"]) == 1
+
+
+@needs_proc
+def test_off_closes_the_gloo_listener_and_status_says_while_it_is_open():
+    session.pin("cpu")
+    try:
+        address, ddp = _group_with_a_trained_ddp()
+        assert f"open on {address}" in repr(session.status())
+    finally:
+        session.release()
+    assert not listening(address) and refuses_connections(address)
+    assert not dist.is_initialized()
+    assert "gloo listener" not in repr(session.status())
+
+
+@needs_proc
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_unload_ext_closes_the_gloo_listener(shell):
+    shell.run_line_magic("load_ext", "singlecard_nb")
+    try:
+        shell.run_line_magic("singlecard", "cpu")
+        result = shell.run_cell(
+            "import torch, torch.distributed as dist\n"
+            "dist.init_process_group('nccl')\n"
+            "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3))\n"
+            "model(torch.randn(2, 3)).sum().backward()\n")
+        result.raise_error()
+        (address,) = parallel.report()["listeners"]
+        assert listening(address)
+    finally:
+        shell.run_line_magic("unload_ext", "singlecard_nb")
+    assert not listening(address) and refuses_connections(address)
+
+
+# --- torch.multiprocessing.spawn / start_processes --------------------------------------------
+def _worker(rank, calls, world_size):
+    calls.append((rank, world_size, threading.get_ident(), os.getpid()))
+
+
+def test_spawn_runs_rank_0_in_this_process_and_says_so_once():
+    parallel.enable(CPU)
+    calls = []
+    with pytest.warns(UserWarning, match=r"spawn\(_worker, nprocs=4\) runs _worker\(0, ...\) in this"):
+        assert mp.spawn(_worker, args=(calls, 4), nprocs=4) is None
+    assert calls == [(0, 4, threading.get_ident(), os.getpid())]
+    notices = parallel.report()["notices"]
+    assert any("asked for 4 processes; single-card mode runs rank 0 only" in n for n in notices)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mp.spawn(_worker, args=(calls, 4), nprocs=4)  # said once
+    context = mp.start_processes(_worker, args=(calls, 1), nprocs=1, join=False,
+                                 start_method="fork")
+    assert context.join() is True and context.pids() == [] and context.processes == []
+    assert [c[:2] for c in calls] == [(0, 4), (0, 4), (0, 1)]
+
+
+def test_spawn_with_no_processes_runs_rank_0_and_says_why():
+    parallel.enable(CPU)
+    calls = []
+    with pytest.warns(UserWarning, match="asked for 0 processes"):
+        mp.spawn(_worker, args=(calls, torch.cuda.device_count()), nprocs=0)
+    assert [c[:2] for c in calls] == [(0, 0)]
+
+
+def test_spawn_gives_the_worker_exception_unchanged_and_undoes_its_environment():
+    parallel.enable(CPU)
+    error = KeyError("from the worker")
+    threads = torch.get_num_threads()
+
+    def worker(rank):
+        os.environ["MASTER_PORT"] = "12355"  # as the tutorial's ddp_setup does
+        os.environ["SINGLECARD_TEST_CHILD"] = "1"
+        torch.set_num_threads(1)
+        raise error
+
+    port = os.environ["MASTER_PORT"]
+    with pytest.raises(KeyError) as caught:
+        mp.spawn(worker, nprocs=2)
+    assert caught.value is error
+    assert os.environ["MASTER_PORT"] == port and "SINGLECARD_TEST_CHILD" not in os.environ
+    assert torch.get_num_threads() == threads
+
+
 # --- the torchrun tutorial script in a shell --------------------------------------------------
 @pytest.fixture
 def shell():
@@ -395,7 +562,7 @@ def shell():
 
     ip = InteractiveShell.instance()
     yield ip
-    for name in ("epoch_losses", "main", "Trainer"):
+    for name in ("epoch_losses", "main", "Trainer", "model"):
         ip.user_ns.pop(name, None)
 
 

@@ -1,48 +1,41 @@
-"""A DDP training job written for torchrun, in the style of the official PyTorch tutorial.
+"""A DDP training job written for torchrun, in the shape of the DDP tutorial series
+(pytorch/examples `distributed/ddp-tutorial-series`).
 
 Real launch, one process per GPU (this is what the script is written for):
 
     torchrun --standalone --nproc_per_node=4 multigpu_torchrun.py 10 2
 
-Each process then reads its LOCAL_RANK from torchrun, selects its own card with
-`torch.cuda.set_device`, joins an nccl process group, trains on its quarter of the data
-(DistributedSampler) and DDP averages the gradients. Without GPUs this exact script fails in
-`torch.cuda.set_device` ("Torch not compiled with CUDA enabled") or in nccl.
+Each process reads its LOCAL_RANK from torchrun, selects its card with `torch.cuda.set_device`,
+joins an nccl process group, puts the model and every batch on its card with `.to(local_rank)`,
+trains on its quarter of the data (DistributedSampler), DDP averages the gradients, and a
+snapshot is resumed with `torch.load(path, map_location=f"cuda:{local_rank}")`.
 
 In a notebook under singlecard_nb, unchanged (`%run scripts/multigpu_torchrun.py 10 2`):
-`%singlecard 1` / `auto` run it as a world of one on the pinned GPU; `%singlecard cpu` runs it on
-the CPU: torchrun's variables are provided, `torch.cuda.set_device` selects the pinned card (a
-no-op on the CPU), `init_process_group("nccl")` forms a one-process group (gloo on the CPU, with a
-notice), `DistributedSampler` yields the whole dataset and DDP is a pass-through. Re-running the
-cell neither fails nor hangs; `%singlecard off` gives torch back.
+`%singlecard 1` / `auto` run it as a world of one on the pinned GPU; `%singlecard cpu` on the
+CPU: torchrun's variables are provided, `.to(0)`, `set_device(0)` and `map_location="cuda:0"`
+land on the CPU, `init_process_group("nccl")` forms a one-process gloo group, and DDP is the real
+DDP over that world of one. Each of these is said once. Re-running the cell neither fails nor
+hangs; `%singlecard off` gives torch back.
 
 Positional args: total_epochs save_every. Each epoch prints its mean loss; `main` returns the
 list of epoch losses (after `%run` it is `epoch_losses` in the notebook). A snapshot at
---snapshot_path is resumed from, as in the tutorial.
+--snapshot_path is resumed from.
 """
 
-import argparse
 import os
 
 import torch
 import torch.nn.functional as F
+from datautils import MyTrainDataset
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 
 def ddp_setup():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     init_process_group(backend="nccl")
-
-
-def this_process_device() -> torch.device:
-    # After set_device this is the process's own card under torchrun, the pinned card in
-    # single-card mode, and the CPU when no GPU is usable (e.g. `%singlecard cpu`).
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 class Trainer:
@@ -55,8 +48,7 @@ class Trainer:
         snapshot_path: str,
     ) -> None:
         self.gpu_id = int(os.environ["LOCAL_RANK"])
-        self.device = this_process_device()
-        self.model = model.to(self.device)
+        self.model = model.to(self.gpu_id)
         self.train_data = train_data
         self.optimizer = optimizer
         self.save_every = save_every
@@ -68,32 +60,29 @@ class Trainer:
         self.model = DDP(self.model, device_ids=[self.gpu_id])
 
     def _load_snapshot(self, snapshot_path):
-        snapshot = torch.load(snapshot_path, map_location=self.device)
+        snapshot = torch.load(snapshot_path, map_location=f"cuda:{self.gpu_id}")
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
 
     def _run_batch(self, source, targets) -> float:
         self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = F.mse_loss(output, targets)
+        loss = F.mse_loss(self.model(source), targets)
         loss.backward()
         self.optimizer.step()
         return loss.item()
 
     def _run_epoch(self, epoch) -> float:
-        b_sz = len(next(iter(self.train_data))[0])
+        batch_size = len(next(iter(self.train_data))[0])
         self.train_data.sampler.set_epoch(epoch)
         losses = []
         for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+            source = source.to(self.gpu_id)
+            targets = targets.to(self.gpu_id)
             losses.append(self._run_batch(source, targets))
         mean_loss = sum(losses) / len(losses)
-        print(
-            f"[GPU{self.gpu_id}] Epoch {epoch} | Batchsize: {b_sz} | "
-            f"Steps: {len(self.train_data)} | loss {mean_loss:.4f}"
-        )
+        print(f"[GPU{self.gpu_id}] Epoch {epoch} | Batchsize: {batch_size} | "
+              f"Steps: {len(self.train_data)} | loss {mean_loss:.4f}")
         return mean_loss
 
     def _save_snapshot(self, epoch):
@@ -113,33 +102,17 @@ class Trainer:
         return epoch_losses
 
 
-class LinearProblem(TensorDataset):
-    """y = x·w + small noise: a problem a Linear layer learns in a few epochs."""
-
-    def __init__(self, size: int, features: int = 20):
-        generator = torch.Generator().manual_seed(0)
-        x = torch.randn(size, features, generator=generator)
-        w = torch.randn(features, 1, generator=generator)
-        y = x @ w + 0.01 * torch.randn(size, 1, generator=generator)
-        super().__init__(x, y)
-
-
 def load_train_objs():
     torch.manual_seed(0)
-    train_set = LinearProblem(512)  # load your dataset
+    train_set = MyTrainDataset(2048)  # load your dataset
     model = torch.nn.Linear(20, 1)  # load your model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     return train_set, model, optimizer
 
 
 def prepare_dataloader(dataset: Dataset, batch_size: int):
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        pin_memory=torch.cuda.is_available(),
-        shuffle=False,
-        sampler=DistributedSampler(dataset),
-    )
+    return DataLoader(dataset, batch_size=batch_size, pin_memory=True, shuffle=False,
+                      sampler=DistributedSampler(dataset))
 
 
 def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str = "snapshot.pt"):
@@ -153,15 +126,15 @@ def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str
 
 
 if __name__ == "__main__":
+    import argparse
+
     parser = argparse.ArgumentParser(description="simple distributed training job")
     parser.add_argument("total_epochs", type=int, help="Total epochs to train the model")
     parser.add_argument("save_every", type=int, help="How often to save a snapshot")
-    parser.add_argument(
-        "--batch_size", default=32, type=int, help="Input batch size on each device (default: 32)"
-    )
-    parser.add_argument(
-        "--snapshot_path", default="snapshot.pt", help="Where to save and resume from"
-    )
+    parser.add_argument("--batch_size", default=32, type=int,
+                        help="Input batch size on each device (default: 32)")
+    parser.add_argument("--snapshot_path", default="snapshot.pt",
+                        help="Where to save and resume from")
     args = parser.parse_args()
 
     epoch_losses = main(args.save_every, args.total_epochs, args.batch_size, args.snapshot_path)

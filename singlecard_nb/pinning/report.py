@@ -93,12 +93,7 @@ class Status:
             rows.append(("options", f"default device: {'yes' if self.default_device else 'no'}; "
                                     f"single-card mode requested: {'yes' if self.single_card else 'no'}"))
         if self.parallel is not None:
-            p = self.parallel
-            text = "on" if p.get("enabled") else "off"
-            if p.get("enabled"):
-                text += (f" ({p.get('wrappers', 0)} wrapper(s), {p.get('groups', 0)} process "
-                         f"group(s); patched: {', '.join(p.get('patched', [])) or '-'})")
-            rows.append(("single-card mode", text))
+            rows += _parallel_rows(self.parallel)
         active = "; ".join(f"{name}: {', '.join(labels)}" for name, labels in self.active)
         rows.append(("active changes", active or "none"))
         return rows
@@ -116,6 +111,24 @@ class Status:
             for label, text in self.rows()
         )
         return f"<div><b>singlecard_nb status</b><table>{body}</table></div>"
+
+
+def _parallel_rows(p: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Single-card mode's rows: state, what it said (remapped, answered), open gloo listeners."""
+    if not p.get("enabled"):
+        return [("single-card mode", "off")]
+    # What it patched is listed under "active changes", with every other owner's changes.
+    rows = [("single-card mode",
+             f"on {p.get('device')} ({p.get('wrappers', 0)} wrapper(s), {p.get('groups', 0)} "
+             "process group(s) formed)")]
+    for i, line in enumerate(p.get("notices", [])):
+        rows.append(("single-card said" if i == 0 else "", line))
+    listeners = p.get("listeners", [])
+    if listeners:
+        rows.append(("gloo listener", f"open on {', '.join(listeners)} (a world-of-one process "
+                                      "group; closed by destroy_process_group or "
+                                      "`%singlecard off`)"))
+    return rows
 
 
 def _env_text(value: str | None) -> str:

@@ -1,0 +1,260 @@
+"""World-of-one process groups, and the gloo listener each one opens.
+
+In single-card mode `torch.distributed.init_process_group` forms a world of one (rank 0) on a
+fresh `HashStore` (no TCP store), destroying a previous default group first, so re-running a
+cell neither fails nor hangs. gloo still opens one listening TCP socket per group (its transport
+device); it closes when the last reference to the group goes. So that `destroy_process_group`,
+`%singlecard off` and `%unload_ext` really close it:
+- torch modules that capture `group.WORLD` as a default argument when first imported
+  (`torch.distributed.nn.functional`, which DDP imports, and two others) are imported before
+  our group exists, so they capture None instead of keeping our group alive for ever;
+- single-card mode keeps only a weak reference to the group;
+- `DistributedDataParallel` wrappers built in single-card mode hold their group (and their
+  reducer holds it again): when that group is destroyed they are *released* (their autograd
+  hooks removed, reducer and group dropped). A released wrapper keeps `.module` and its
+  `state_dict()`; calling it says to rebuild it, as a real DDP over a destroyed group fails.
+The sockets a group opened are found in /proc (Linux) by comparing before and after, so status
+can say which are still open.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import ipaddress
+import os
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..borrow import Borrowed
+from .notices import Notices
+
+# Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
+_CAPTURE_WORLD_AT_IMPORT = (
+    "torch.distributed.nn.functional",
+    "torch.distributed.optim.zero_redundancy_optimizer",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+)
+_RELEASED = ("This DistributedDataParallel was built in single-card mode, and its world-of-one "
+             "process group has since been destroyed (destroy_process_group, `%singlecard off` "
+             "or `%unload_ext`). Build the wrapper again (its `.module` is intact).")
+
+
+class Groups:
+    """The process groups of one single-card session on `device`."""
+
+    def __init__(self, device: torch.device, notices: Notices):
+        self.device = device
+        self.notices = notices
+        self.formed = 0  # default groups formed
+        self._group: weakref.ref | None = None  # the default group we formed last
+        self._listeners: dict[str, str] = {}  # socket inode -> "host:port", opened by our groups
+        self._wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs built while on
+
+    # --- patches ------------------------------------------------------------------------------
+    def install(self, owner: Borrowed) -> None:
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        init = _wrap_like(distributed_c10d.init_process_group, self._init_patch(
+            distributed_c10d.init_process_group))
+        destroy = _wrap_like(distributed_c10d.destroy_process_group, self._destroy_patch(
+            distributed_c10d.destroy_process_group))
+        for module in (distributed_c10d, dist):
+            owner.set_attr(module, "init_process_group", init)
+            owner.set_attr(module, "destroy_process_group", destroy)
+
+    def _init_patch(self, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
+        def init_process_group(*args, **kwargs):
+            requested = signature.bind(*args, **kwargs).arguments
+            self._say_if_world_ignored(requested.get("world_size", -1))
+            if dist.is_initialized():  # re-running the cell: torch would refuse a second one
+                dist.destroy_process_group()
+            backend = self._choose_backend(requested.get("backend"))
+            # A fresh store every time: re-using one after destroy_process_group() can hang.
+            options: dict[str, Any] = {"backend": backend, "store": dist.HashStore(), "rank": 0,
+                                       "world_size": 1}
+            if requested.get("timeout") is not None:
+                options["timeout"] = requested["timeout"]
+            if requested.get("pg_options") is not None and backend == requested.get("backend"):
+                options["pg_options"] = requested["pg_options"]
+            if requested.get("device_id") is not None:
+                if self.device.type == "cuda":
+                    options["device_id"] = self.device  # any rank's card is the pinned card
+                else:
+                    self.notices.say("device_id", lambda: (
+                        f"singlecard_nb: init_process_group(device_id={requested['device_id']!r}) "
+                        "under `%singlecard cpu`: the group is bound to no device."))
+            self.form(original, options)
+
+        return init_process_group
+
+    def _destroy_patch(self, original: Callable) -> Callable:
+        def destroy_process_group(group=None):
+            target = dist.group.WORLD if group is None else group
+            if target is not None:
+                self._release_wrappers_of(target)
+            return original(group)
+
+        return destroy_process_group
+
+    # --- forming and giving back --------------------------------------------------------------
+    def form(self, init: Callable | None = None, options: dict[str, Any] | None = None) -> None:
+        """Form the default world of one with `init(**options)` (default: gloo/nccl on device)."""
+        from torch.distributed import distributed_c10d
+
+        if init is None:  # a DDP built with no group: what init_process_group() would do
+            init = _unpatched(distributed_c10d.init_process_group)
+            options = {"backend": self._choose_backend(None), "store": dist.HashStore(),
+                       "rank": 0, "world_size": 1}
+        _import_modules_that_capture_the_world()
+        before = listening_sockets()
+        init(**options)
+        self._listeners.update((inode, address) for inode, address in listening_sockets().items()
+                               if inode not in before)
+        self.formed += 1
+        self._group = weakref.ref(dist.group.WORLD)
+
+    def track(self, wrapper: nn.Module) -> None:
+        """A DDP built in single-card mode: released when its group is destroyed."""
+        self._wrappers.add(wrapper)
+
+    def close(self) -> None:
+        """Single-card mode ends: release our wrappers and destroy our group if it is current."""
+        group = self._group() if self._group is not None else None
+        self._group = None
+        if group is not None and dist.is_available() and dist.is_initialized() \
+                and dist.group.WORLD is group:
+            self._release_wrappers_of(group)
+            # A group on our private store would break the user's next real init_process_group.
+            _unpatched(dist.destroy_process_group)()
+        for wrapper in list(self._wrappers):
+            if not _is_live_group(getattr(wrapper, "process_group", None)):
+                _release(wrapper)
+
+    def _release_wrappers_of(self, group: Any) -> None:
+        for wrapper in list(self._wrappers):
+            if getattr(wrapper, "process_group", None) is group:
+                _release(wrapper)
+                self._wrappers.discard(wrapper)
+
+    # --- for status ---------------------------------------------------------------------------
+    def open_listeners(self) -> list[str]:
+        """"host:port" of the sockets our groups opened that are still listening."""
+        if not self._listeners:
+            return []
+        now = listening_sockets()
+        for inode in [inode for inode in self._listeners if inode not in now]:
+            del self._listeners[inode]  # closed for good: inodes are not reused while we look
+        return sorted(self._listeners.values())
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _choose_backend(self, requested: Any) -> Any:
+        """gloo on the cpu or where nccl is missing; otherwise what was asked (torch's default
+        when nothing was)."""
+        on_gpu = self.device.type == "cuda"
+        if requested is None:
+            return None if on_gpu else "gloo"
+        requested = str(requested).lower()
+        if "nccl" in requested and not (on_gpu and dist.is_nccl_available()):
+            why = ("single-card mode is pinned to the cpu" if not on_gpu
+                   else "this torch build has no nccl")
+            self.notices.say("gloo", f"singlecard_nb: init_process_group uses gloo instead of "
+                                     f"nccl: {why}.", stacklevel=3)
+            return "gloo"
+        return requested
+
+    def _say_if_world_ignored(self, world_size: Any) -> None:
+        launcher = os.environ.get("WORLD_SIZE", "1")
+        if world_size not in (-1, 1, None) or launcher != "1":
+            asked = world_size if world_size not in (-1, None) else launcher
+            self.notices.say("world", lambda: (
+                f"singlecard_nb: world size {asked} requested; single-card mode runs this "
+                "process as a world of one (rank 0). `%singlecard off` to run real "
+                "multi-process code."), stacklevel=3)
+
+
+def _release(wrapper: nn.Module) -> None:
+    """Drop a DDP's hold on its process group (so gloo's listener can close)."""
+    reducer = wrapper.__dict__.get("reducer")
+    if reducer is not None:
+        reducer._remove_autograd_hooks()  # the hooks on the module's parameters call it
+    for name in ("reducer", "logger"):
+        wrapper.__dict__.pop(name, None)
+    wrapper.process_group = None
+    wrapper.forward = _released_forward
+
+
+def _released_forward(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(_RELEASED)
+
+
+def _is_live_group(group: Any) -> bool:
+    from torch.distributed import distributed_c10d
+
+    return group is not None and group in distributed_c10d._world.pg_map
+
+
+def _unpatched(function: Callable) -> Callable:
+    return getattr(function, "__wrapped__", function)
+
+
+def _import_modules_that_capture_the_world() -> None:
+    for name in _CAPTURE_WORLD_AT_IMPORT:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # a torch without it: it cannot capture anything either
+                pass
+
+
+def listening_sockets() -> dict[str, str]:
+    """inode -> "host:port" of the TCP sockets this process listens on (Linux; {} elsewhere)."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return {}
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listdir's own fd)
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found[fields[9]] = _address(fields[1])
+    return found
+
+
+def _address(hex_address: str) -> str:
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    if sys.byteorder == "little":  # the kernel prints each 32-bit word in host order
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    return f"{ip}:{int(port, 16)}" if ip.version == 4 else f"[{ip}]:{int(port, 16)}"
+
+
+def _wrap_like(original: Callable, replacement: Callable) -> Callable:
+    import functools
+
+    return functools.update_wrapper(replacement, original)

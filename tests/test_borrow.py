@@ -1,0 +1,108 @@
+"""Borrowed owners give back what they changed and keep what others changed afterwards."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from singlecard_nb import borrow
+
+
+def test_env_restore_puts_back_the_previous_value_or_removes_the_variable():
+    environ = {"KEPT": "old"}
+    with borrow.Borrowed("test") as owner:
+        owner.set_env("KEPT", "ours", environ)
+        owner.set_env("NEW", "ours", environ)
+        owner.set_env("KEPT2", None, environ)  # unsetting something absent: still nothing
+        assert environ == {"KEPT": "ours", "NEW": "ours"}
+    assert environ == {"KEPT": "old"}
+
+
+def test_env_changed_by_the_user_after_us_is_theirs_and_stays():
+    environ = {"MASTER_ADDR": "10.0.0.1"}
+    owner = borrow.Borrowed("test")
+    owner.set_env("MASTER_PORT", "41234", environ)
+    owner.set_env("MASTER_ADDR", "127.0.0.1", environ)
+    owner.set_env("GONE", "ours", environ)
+    environ["MASTER_PORT"] = "29999"  # the user's own choice, while we hold the variable
+    environ["MASTER_ADDR"] = "10.0.0.9"
+    del environ["GONE"]
+    owner.restore()
+    assert environ == {"MASTER_PORT": "29999", "MASTER_ADDR": "10.0.0.9"}
+
+
+def test_env_unset_by_us_and_set_again_by_the_user_stays():
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    owner = borrow.Borrowed("test")
+    owner.set_env("CUDA_VISIBLE_DEVICES", None, environ)
+    environ["CUDA_VISIBLE_DEVICES"] = "3"
+    owner.restore()
+    assert environ == {"CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_nested_env_changes_restored_in_any_order_keep_a_later_user_value():
+    environ: dict[str, str] = {}
+    lower, upper = borrow.Borrowed("lower"), borrow.Borrowed("upper")
+    lower.set_env("PORT", "1", environ)
+    upper.set_env("PORT", "2", environ)
+    lower.restore()  # out of order: upper now restores what lower found (nothing)
+    assert environ == {"PORT": "2"}
+    upper.restore()
+    assert environ == {}
+
+    lower.set_env("PORT", "1", environ)
+    upper.set_env("PORT", "2", environ)
+    environ["PORT"] = "user"
+    lower.restore()
+    upper.restore()
+    assert environ == {"PORT": "user"}
+
+
+def test_attributes_are_still_restored_exactly():
+    target = types.SimpleNamespace(fn=len)
+    with borrow.Borrowed("test") as owner:
+        owner.set_attr(target, "fn", max)
+        owner.set_attr(target, "extra", 1)
+    assert target.fn is len and not hasattr(target, "extra")
+
+
+def test_restore_on_an_exception_gives_back_and_keeps_the_exception():
+    environ = {"A": "x"}
+    with pytest.raises(RuntimeError, match="boom"), borrow.Borrowed("test") as owner:
+        owner.set_env("A", "y", environ)
+        raise RuntimeError("boom")
+    assert environ == {"A": "x"}
+
+
+# --- through the magic ------------------------------------------------------------------------
+@pytest.fixture
+def shell(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                 "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "singlecard_nb")
+    yield ip
+    ip.run_line_magic("unload_ext", "singlecard_nb")
+
+
+def test_a_master_port_set_while_pinned_survives_singlecard_off(shell, monkeypatch):
+    shell.run_line_magic("singlecard", "cpu")
+    ours = os.environ["MASTER_PORT"]  # single-card mode provides a free port
+    shell.run_cell("import os; os.environ['MASTER_PORT'] = '29999'").raise_error()
+    shell.run_line_magic("singlecard", "off")
+    assert os.environ.get("MASTER_PORT") == "29999" != ours
+    assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ  # ours: given back
+    monkeypatch.delenv("MASTER_PORT")
+
+
+def test_a_variable_left_as_we_set_it_is_given_back_by_unload(shell):
+    shell.run_line_magic("singlecard", "cpu")
+    assert os.environ["WORLD_SIZE"] == "1"
+    shell.run_line_magic("unload_ext", "singlecard_nb")
+    assert "WORLD_SIZE" not in os.environ and "MASTER_PORT" not in os.environ
+    shell.run_line_magic("load_ext", "singlecard_nb")  # the fixture unloads again

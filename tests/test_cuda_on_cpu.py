@@ -1,0 +1,111 @@
+"""`%singlecard cpu`: the CUDA calls of CUDA-minded scripts get a one-GPU machine's answers."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from parallel_support import clean_state  # noqa: F401 - used by every test (pytestmark)
+from torch import nn
+
+from singlecard_nb.parallel import single_card as parallel
+
+CPU = torch.device("cpu")
+HAS_CUDA = torch.cuda.is_available()
+
+pytestmark = [pytest.mark.usefixtures("clean_state"),
+              pytest.mark.filterwarnings("ignore:singlecard_nb. :UserWarning")]
+
+
+def test_synchronize_returns_and_says_why_once():
+    if not HAS_CUDA:
+        with pytest.raises((AssertionError, RuntimeError)):  # torch: not compiled with CUDA
+            torch.cuda.synchronize()
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match="synchronize.*nothing|returns at once"):
+        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.cuda.synchronize(0)
+
+
+def test_cuda_seeds_seed_the_generator_that_draws_the_gpu_tensors():
+    parallel.enable(CPU)
+    draws = []
+    for seed_call in (torch.cuda.manual_seed, torch.cuda.manual_seed_all):
+        seed_call(7)
+        draws.append(torch.randn(3, device="cuda"))
+    assert torch.equal(draws[0], draws[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.manual_seed calls manual_seed_all itself: quiet
+        torch.manual_seed(1)
+    (seeds,) = [n for n in parallel.report()["notices"] if "seeds the CPU generator" in n]
+    assert seeds.startswith("torch.cuda.manual_seed(7)") and seeds.endswith("(×2)")
+
+
+def test_memory_counters_read_zero_resets_do_nothing_and_it_is_said():
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match="singlecard watch on"):
+        assert torch.cuda.memory_allocated() == 0
+    assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_reserved() == 0
+    assert torch.cuda.max_memory_reserved() == 0 and torch.cuda.memory_stats() == {}
+    torch.cuda.reset_peak_memory_stats()  # natively: AttributeError on a CPU-only torch
+    torch.cuda.reset_max_memory_allocated()
+    assert "singlecard cpu" in torch.cuda.memory_summary()
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free <= total
+    (memory,) = [n for n in parallel.report()["notices"] if "CUDA's allocator" in n]
+    assert memory.endswith("(×8)")  # every counter call above, said once
+
+
+def test_autocast_cuda_runs_as_cpu_autocast_with_the_same_dtype():
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    if not HAS_CUDA:
+        with pytest.warns(UserWarning, match="Disabling"), torch.autocast("cuda"):
+            assert (x @ w).dtype == torch.float32  # torch alone: silently full precision
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match=r"autocast\('cuda', torch.float16\).*autocast\('cpu'"):
+        with torch.autocast("cuda"):
+            assert (x @ w).dtype == torch.float16  # a GPU's default autocast dtype
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert (x @ w).dtype == torch.bfloat16
+    with pytest.warns(FutureWarning), torch.cuda.amp.autocast():  # the deprecated spelling
+        assert (x @ w).dtype == torch.float16
+    with torch.autocast("cuda", enabled=False):
+        assert (x @ w).dtype == torch.float32
+    assert (x @ w).dtype == torch.float32
+
+
+def test_grad_scaler_cuda_scales_on_the_cpu():
+    if not HAS_CUDA:
+        with pytest.warns(UserWarning, match="Disabling"):
+            assert torch.amp.GradScaler("cuda").is_enabled() is False
+    parallel.enable(CPU)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    bare = copy.deepcopy(model)
+    opt, bare_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, bare))
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    assert scaler.is_enabled() and scaler.get_scale() == 1024.0
+    x = torch.randn(8, 3)
+    scaled = scaler.scale(model(x).pow(2).mean())
+    scaled.backward()
+    assert scaled.item() == pytest.approx(bare(x).pow(2).mean().item() * 1024.0, rel=1e-5)
+    scaler.step(opt)
+    scaler.update()
+    bare(x).pow(2).mean().backward()
+    bare_opt.step()
+    torch.testing.assert_close(model.weight, bare.weight)  # unscaled before the step
+    with pytest.warns(FutureWarning):
+        assert torch.cuda.amp.GradScaler().is_enabled()
+
+
+def test_availability_stays_truthful_so_libraries_take_their_cpu_path():
+    parallel.enable(CPU)
+    assert torch.cuda.is_available() is HAS_CUDA
+    if not HAS_CUDA:
+        assert torch.cuda.device_count() == 0
+    torch.backends.cudnn.benchmark = True  # accepted; there is no cuDNN on the CPU
+    torch.backends.cudnn.benchmark = False
