@@ -26,7 +26,8 @@
 #endif
 
 #define BLOCK 4096
-#define PARALLEL_MIN 262144 /* below this one thread is faster than waking the team */
+#define PARALLEL_MIN 262144 /* below this one thread is faster than waking the team,
+                               and no OpenMP region is entered at all */
 #define MAX_PARTS 64
 
 typedef struct { double count, mean, m2, s2, lo, hi, nz; } part_t;
@@ -92,7 +93,8 @@ static void NAME##_range(const T *x, int64_t i, int64_t end, double shift,      
 
 #ifdef _OPENMP
 #define TEAM_SPLIT(NAME)                                                               \
-    _Pragma("omp parallel if(n >= PARALLEL_MIN)")                                      \
+    if (n < PARALLEL_MIN) NAME##_range(x, 0, n, shift, &parts[0]);                     \
+    else _Pragma("omp parallel")                                                       \
     {                                                                                  \
         int t = omp_get_thread_num(), k = omp_get_num_threads();                       \
         if (k > MAX_PARTS) k = MAX_PARTS;                                              \

@@ -84,7 +84,7 @@ def _one_block(t: torch.Tensor) -> bool:
     """Whether the elements fill one dense block of memory from `data_ptr()`, in any order
     (contiguous, channels_last, transposed views): then a kernel can read them as a vector.
     The kernel only reads memory, so a tensor that requires grad needs no `detach()`."""
-    if type(t) is not torch.Tensor or t.is_neg() or t.is_conj():
+    if type(t) is not torch.Tensor or t.is_neg():
         return False  # subclasses (Parameter too) and lazily negated views: torch reads them
     if t.is_contiguous():
         return True
@@ -269,7 +269,9 @@ class StepStats:
 
     def _reduce_native(self, kernel: native.Kernel, v: torch.Tensor, n: int) -> tuple:
         lo, hi, mean, spread, nonzero, s2 = kernel(v, n, math.nan)  # blocks shifted by their first
-        if not (math.isfinite(mean) and math.isfinite(spread) and _squares_fit(v.dtype, lo, hi)):
+        largest = hi if hi > -lo else -lo
+        if not (math.isfinite(mean) and math.isfinite(spread)) or (
+                lo != hi and not 1e-18 < largest < 1e18 and not _squares_fit(v.dtype, lo, hi)):
             # NaN or Inf inside (counted by torch), or squares out of float32's range: float64
             return self._reduce_cpu(v if v.dtype in (torch.float32, torch.float64)
                                     else v.float(), n)
