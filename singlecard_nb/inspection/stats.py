@@ -66,6 +66,12 @@ def reducible(t: torch.Tensor) -> bool:
             and not t.is_meta)
 
 
+def _wide(device: torch.device) -> torch.dtype:
+    """The accumulation type for sums on an accelerator: float64, except on Apple's MPS,
+    which has none."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
     """The float type reductions run in: float64 keeps float64 and 32/64-bit integers (token
     ids and counts stay exact); half, bfloat16, small ints and bool accumulate in float32."""
@@ -310,7 +316,7 @@ class StepStats:
     def _reduce_on_device(self, v: torch.Tensor, n: int) -> torch.Tensor:
         """RAW of an accelerator tensor as a float64 vector on its device: nothing is read,
         so all counts are taken (no synchronisation) and sums accumulate in float64."""
-        f64 = torch.float64
+        f64 = _wide(v.device)
         lo, hi = torch.aminmax(v)
         counts = torch.stack([torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)])
         if self.exact_std:
@@ -340,7 +346,7 @@ class StepStats:
                 largest = torch.maximum(lo.abs(), hi.abs())
                 if not on_cpu or bool(((largest >= bound)
                                        | ((largest <= 1 / bound) & (lo != hi))).any()):
-                    m = m.double()
+                    m = m.to(_wide(device))
             shift = m.sum(dim=1) / n
             centred = m - shift.unsqueeze(1)
             norm = torch.linalg.vector_norm(centred, dim=1)
@@ -351,7 +357,7 @@ class StepStats:
             else:
                 nan, inf = torch.isnan(m).sum(dim=1), torch.isinf(m).sum(dim=1)
                 nonzero = torch.count_nonzero(m, dim=1)
-            f64 = torch.float64
+            f64 = _wide(device)
             table = torch.stack([lo.to(f64), hi.to(f64), shift.to(f64), centred.sum(dim=1).to(f64),
                                  norm.to(f64).square(), nan.to(f64), inf.to(f64),
                                  nonzero.to(f64)], dim=1)
