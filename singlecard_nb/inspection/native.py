@@ -13,6 +13,7 @@ on. `SINGLECARD_NB_NATIVE=0` turns the kernel off.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
@@ -130,6 +131,7 @@ def _build() -> dict[torch.dtype, Kernel]:
     if _shares_torch_openmp():
         attempts.insert(0, ["-march=native", "-fopenmp"])
     folder = tempfile.mkdtemp(prefix="singlecard_nb-")
+    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
     try:
         src = Path(folder, "onepass.c")
         src.write_text(source)

@@ -204,8 +204,11 @@ class StepStats:
         if on_cpu:  # one call of the kernel: ~2 us for a small tensor, one read for a large one
             kernel = self._kernels.get(t.dtype)
             if kernel is not None and _one_block(t):
-                self._raw[slot] = self._reduce_native(kernel, t, n)
-                return slot
+                try:
+                    self._raw[slot] = self._reduce_native(kernel, t, n)
+                    return slot
+                except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
+                    pass
             if not self._kernels and self._build and not native.started():
                 native.start()  # in the background: this step and the next go on with torch
         x = t.detach()
