@@ -6,27 +6,30 @@ non-zero counts); `finish` turns many rows of those into VALUES at once, on the 
 
 How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 
-    CPU tensors         one pass of the C kernel in `onepass.c` (built in the background by
-                        `native.py`; torch reductions until it is ready, or if it cannot be
-                        built): min, max, the shifted sums and the zero count in a single read,
-                        about the cost of one `x.sum()`. Shifted by the first value; when the
-                        variance still cancels (mean far from that value, in units of std) a
-                        second pass shifts by the mean. NaN, Inf, or sums that overflow float32
-                        (values beyond ~1e19) send the tensor to the torch path, which counts
-                        NaN/Inf and takes an exact float64 two-pass variance.
-    small tensors       on a CPU, the same kernel (one call costs about 2 us); on a GPU, or
-                        before the kernel is ready, tensors of at most SMALL_NUMEL values are
-                        copied (an activation is never referenced after its hook), grouped by
-                        shape and reduced together when the step is collected, with the exact
-                        two-pass variance.
+    CPU tensors         one call of the C kernel in `onepass.c` (built in the background by
+                        `native.py`): min, max, mean, the centred sum of squares and the zero
+                        count in a single read, 1.2-1.5x the cost of one `x.sum()`, about 2 us
+                        for a small tensor. Each block of 4096 values is summed shifted by its
+                        first value and blocks are merged exactly (Chan's formula), so the
+                        variance cancels only where values lie far from that first value in
+                        units of std; then a second pass shifts every block by the mean. NaN,
+                        Inf, or squares out of float32's range (values beyond ~1e18 or below
+                        ~1e-18) send the tensor to the torch path: NaN/Inf counted, variance
+                        in float64. Until the kernel is ready, or where it cannot be built,
+                        torch reductions take everything (a few reads per tensor).
+    small tensors       on a GPU, and on a CPU before the kernel is ready: tensors of at most
+                        SMALL_NUMEL values are copied (an activation is never referenced after
+                        its hook), grouped by shape and reduced together when the step is
+                        collected, with the two-pass variance.
     GPU tensors         torch reductions on the device, sums in float64, every count taken on
                         the device; all of a step's raw rows reach the host in one transfer.
 
 Exactness: min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
-float32 within blocks of 4096 values and float64 across blocks (float64 on a GPU); std is never
-taken from a cancelling difference (second pass, above), so both have a relative error below
-about 1e-5 (1e-4 in the worst case of a float32 block sum). A constant tensor gets std exactly 0
-and its value as mean. `exact_std=True` always takes the second pass.
+float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
+std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so mean and std
+have relative errors below 1e-5 and 1e-4 at worst (a float32 block sum), typically 1e-7. A
+constant tensor gets std exactly 0 and its value as mean. `exact_std=True` always takes the
+second pass.
 """
 
 from __future__ import annotations
