@@ -7,16 +7,15 @@ non-zero counts); `finish` turns many rows of those into VALUES at once, on the 
 How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 
     CPU tensors         one call of the C kernel in `onepass.c` (built in the background by
-                        `native.py`): min, max, mean, the centred sum of squares and the zero
-                        count in a single read, 1.2-1.5x the cost of one `x.sum()`, about 2 us
-                        for a small tensor. Each block of 4096 values is summed shifted by its
-                        first value and blocks are merged exactly (Chan's formula), so the
-                        variance cancels only where values lie far from that first value in
-                        units of std; then a second pass shifts every block by the mean. NaN,
-                        Inf, or squares out of float32's range (values beyond ~1e18 or below
-                        ~1e-18) send the tensor to the torch path: NaN/Inf counted, variance
-                        in float64. Until the kernel is ready, or where it cannot be built,
-                        torch reductions take everything (a few reads per tensor).
+                        `native.py`), which writes the RAW row itself: min, max, mean, the
+                        centred sum of squares and the zero count in a single read, 1.0-2.0x
+                        the cost of one `x.sum()` on large tensors and under a microsecond on
+                        small ones. It reads a second time, in float64, only where the first
+                        read cannot be trusted: NaN/Inf (counted), a variance that cancels,
+                        squares out of float32's range (values beyond ~1e18 or below ~1e-18),
+                        or `exact_std`. A strided view is copied first. Until the kernel is
+                        ready, or where it cannot be built, torch reductions do the same
+                        (a few reads per tensor).
     small tensors       on a GPU, and on a CPU before the kernel is ready: tensors of at most
                         SMALL_NUMEL values are copied (an activation is never referenced after
                         its hook), grouped by shape and reduced together when the step is
@@ -52,6 +51,9 @@ DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (b
 CANCELLATION_LIMIT = 10.0
 _AMINMAX_NUMEL = 200_000  # below this one aminmax beats amin + amax (fewer dispatches)
 _ZERO_CHUNK = 1 << 18  # the torch path counts zeros in chunks: no tensor-sized temporary
+_CHUNK_BITS = 10  # the kernel's RAW rows come in chunks of 1024
+_CHUNK_MASK = (1 << _CHUNK_BITS) - 1
+_ROW_BYTES = 8 * 8  # len(RAW) float64
 # Squares of values beyond this (or below its inverse) overflow (or lose digits to underflow)
 # in the accumulator's type: such tensors are summed in float64 by torch instead.
 _SQUARES_FIT = {torch.float32: 1e18, torch.float64: 1e150}
@@ -194,6 +196,10 @@ class StepStats:
         self._zero: dict[torch.device, torch.Tensor] = {}
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
         self._build = kernels is None  # the first CPU tensor starts building the kernels
+        # RAW rows the kernel writes, by slot: chunks that never move, so the address a kernel
+        # writes to stays valid even while another thread adds a chunk
+        self._chunks: list[np.ndarray] = []
+        self._addresses: list[int] = []
 
     def add(self, t: torch.Tensor, shape: tuple, *, immediate: bool = False) -> int:
         """Take statistics of `t`; `immediate` forbids deferring (the NaN trap reads at once)."""
@@ -204,11 +210,12 @@ class StepStats:
             return slot  # an empty tensor has a shape but no statistics (NaN row)
         self._numel[slot] = n
         on_cpu = t.is_cpu
-        if on_cpu:  # one call of the kernel: ~2 us for a small tensor, one read for a large one
+        if on_cpu:  # one call of the kernel: ~1.5 us for a small tensor, one read for a large one
             kernel = self._kernels.get(t.dtype)
-            if kernel is not None and _one_block(t):
-                try:
-                    self._raw[slot] = self._reduce_native(kernel, t, n)
+            if kernel is not None:
+                try:  # a strided view is copied first: still fewer reads than torch's
+                    kernel(t if _one_block(t) else t.contiguous(), n, self.exact_std,
+                           self._row_address(slot))
                     return slot
                 except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
                     pass
@@ -223,7 +230,7 @@ class StepStats:
         if on_cpu:
             kernel = self._kernels.get(v.dtype) if real is not None else None
             if kernel is not None:  # a converted copy (integers, complex magnitudes)
-                self._raw[slot] = self._reduce_native(kernel, v, n)
+                kernel(v, n, self.exact_std, self._row_address(slot))
             else:
                 self._raw[slot] = self._reduce_cpu(v, n)
         elif immediate:  # the trap reads at once: this synchronises, as documented
@@ -237,7 +244,9 @@ class StepStats:
     def value(self, slot: int) -> Sequence[float]:
         """The VALUES of one slot taken with `immediate=True` (or an empty tensor's NaNs)."""
         raw = self._raw.get(slot)
-        if raw is None:
+        if raw is None and slot >> _CHUNK_BITS < len(self._chunks):
+            raw = self._chunks[slot >> _CHUNK_BITS][slot & _CHUNK_MASK]
+        if raw is None or slot not in self._numel:
             return EMPTY
         return finish(np.array([raw], dtype=np.float64), np.array([self._numel[slot]]))[0]
 
@@ -245,6 +254,9 @@ class StepStats:
         """VALUES for each row ([rows, 8] float64, NaN where none), after one collection."""
         self.collect()
         raw = np.full((self._count + 1, len(RAW)), np.nan)  # last row: "no statistics"
+        if self._chunks:  # rows the kernel wrote (NaN elsewhere)
+            written = np.concatenate(self._chunks)[: self._count]
+            raw[: len(written)] = written
         if self._raw:
             raw[list(self._raw)] = list(self._raw.values())
         for slots, table in self._tables:
@@ -265,6 +277,15 @@ class StepStats:
         self._on_device = {}
 
     # --- reductions -----------------------------------------------------------------------
+    def _row_address(self, slot: int) -> int:
+        """Where the kernel writes the RAW row of `slot`."""
+        chunk = slot >> _CHUNK_BITS
+        while chunk >= len(self._chunks):
+            rows = np.full((1 << _CHUNK_BITS, len(RAW)), np.nan)
+            self._chunks.append(rows)
+            self._addresses.append(rows.ctypes.data)
+        return self._addresses[chunk] + (slot & _CHUNK_MASK) * _ROW_BYTES
+
     def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
         dtype = x.dtype
         if dtype.is_complex:
@@ -279,21 +300,9 @@ class StepStats:
         if self._small_bytes > DEFER_BYTES_LIMIT:
             self._reduce_small()
 
-    def _reduce_native(self, kernel: native.Kernel, v: torch.Tensor, n: int) -> tuple:
-        lo, hi, mean, spread, nonzero, s2 = kernel(v, n, math.nan)  # blocks shifted by their first
-        largest = hi if hi > -lo else -lo
-        if not (math.isfinite(mean) and math.isfinite(spread)) or (
-                lo != hi and not 1e-18 < largest < 1e18 and not _squares_fit(v.dtype, lo, hi)):
-            # NaN or Inf inside (counted by torch), or squares out of float32's range: float64
-            return self._reduce_cpu(v if v.dtype in (torch.float32, torch.float64)
-                                    else v.float(), n)
-        if lo != hi and (self.exact_std or _cancels(s2, spread)):
-            lo, hi, mean, spread, nonzero, _ = kernel(v, n, mean)  # every block shifted by the mean
-        return lo, hi, mean, 0.0, spread, 0, 0, nonzero
-
     def _reduce_cpu(self, v: torch.Tensor, n: int) -> tuple:
-        """Torch reductions of a float32/float64 CPU tensor: before the kernel is ready, where
-        it is missing, and for NaN, Inf and values whose squares overflow."""
+        """Torch reductions of a float32/float64 CPU tensor: before the kernel is ready, or
+        where it cannot be built. Same RAW as the kernel's (onepass.c), the same way."""
         if n <= _AMINMAX_NUMEL:
             lo_t, hi_t = torch.aminmax(v)
         else:  # amin + amax: ~1.4x faster than aminmax on large CPU tensors
