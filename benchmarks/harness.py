@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import gc
 import math
 import os
@@ -409,12 +410,15 @@ def attach_detach(engine: Callable, n: int) -> tuple[list[float], list[float]]:
     return att, det
 
 
+_RAW_ROW = (ctypes.c_double * 8)()
+
+
 def one_pass(t: torch.Tensor) -> Any:
-    """The one-pass kernel call inspect makes for a CPU tensor (min, max, mean, centred sum of
-    squares, non-zeros); raises when the kernel is not built (no C compiler)."""
+    """The one-pass kernel call inspect makes for a CPU tensor (all statistics, written as one
+    RAW row); raises KeyError when the kernel is not built (no C compiler)."""
     from singlecard_nb.inspection import native
 
-    return native.kernels()[t.dtype](t, t.numel(), math.nan)
+    native.kernels()[t.dtype](t, t.numel(), False, ctypes.addressof(_RAW_ROW))
 
 
 REDUCTIONS: dict[str, Callable[[torch.Tensor], Any]] = {
