@@ -87,7 +87,10 @@ def status() -> str:
 def _say_failure() -> None:
     global _said
     _said = True
-    warnings.warn(_failure, RuntimeWarning, stacklevel=4)
+    try:
+        warnings.warn(_failure, RuntimeWarning, stacklevel=4)
+    except RuntimeWarning:  # warnings turned into errors: this runs inside the user's forward
+        pass
 
 
 def _build_in_background() -> None:
