@@ -196,10 +196,9 @@ class StepStats:
         self._zero: dict[torch.device, torch.Tensor] = {}
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
         self._build = kernels is None  # the first CPU tensor starts building the kernels
-        # RAW rows the kernel writes, by slot: chunks that never move, so the address a kernel
-        # writes to stays valid even while another thread adds a chunk
-        self._chunks: list[np.ndarray] = []
-        self._addresses: list[int] = []
+        # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
+        # address a kernel writes to stays valid even while another thread adds a chunk
+        self._chunks: list[tuple[np.ndarray, int]] = []
 
     def add(self, t: torch.Tensor, shape: tuple, *, immediate: bool = False) -> int:
         """Take statistics of `t`; `immediate` forbids deferring (the NaN trap reads at once)."""
@@ -245,7 +244,7 @@ class StepStats:
         """The VALUES of one slot taken with `immediate=True` (or an empty tensor's NaNs)."""
         raw = self._raw.get(slot)
         if raw is None and slot >> _CHUNK_BITS < len(self._chunks):
-            raw = self._chunks[slot >> _CHUNK_BITS][slot & _CHUNK_MASK]
+            raw = self._chunks[slot >> _CHUNK_BITS][0][slot & _CHUNK_MASK]
         if raw is None or slot not in self._numel:
             return EMPTY
         return finish(np.array([raw], dtype=np.float64), np.array([self._numel[slot]]))[0]
@@ -255,7 +254,7 @@ class StepStats:
         self.collect()
         raw = np.full((self._count + 1, len(RAW)), np.nan)  # last row: "no statistics"
         if self._chunks:  # rows the kernel wrote (NaN elsewhere)
-            written = np.concatenate(self._chunks)[: self._count]
+            written = np.concatenate([rows for rows, _ in self._chunks])[: self._count]
             raw[: len(written)] = written
         if self._raw:
             raw[list(self._raw)] = list(self._raw.values())
@@ -282,9 +281,8 @@ class StepStats:
         chunk = slot >> _CHUNK_BITS
         while chunk >= len(self._chunks):
             rows = np.full((1 << _CHUNK_BITS, len(RAW)), np.nan)
-            self._chunks.append(rows)
-            self._addresses.append(rows.ctypes.data)
-        return self._addresses[chunk] + (slot & _CHUNK_MASK) * _ROW_BYTES
+            self._chunks.append((rows, rows.ctypes.data))  # one append: pairs stay together
+        return self._chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
 
     def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
         dtype = x.dtype
