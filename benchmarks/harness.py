@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import gc
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -278,7 +281,9 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
     if quick:  # one block of 10 steps (its first step is the recorded one), no warm-up
         ev = next(x for x in v if x.key == "every10")
         ev.reps, ev.warmup, ev.note = 1, 0, "1 block of 10 steps"
-    if quick:  # a few seconds per call on the transformer
+    if name not in PEER_MODELS:  # the peer comparison stays on the models of issue 4
+        tl.reps, tl.warmup, tl.note = 0, 0, "not run on this model (see benchmarks/README.md)"
+    elif quick:  # a few seconds per call on the transformer
         tl.reps, tl.warmup = (1, 0) if name == "resnet" else (0, 0)
         tl.note = "1 rep, no warm-up" if name == "resnet" else "skipped in --quick"
     elif name == "mlp5000":  # ~15 s per call on this model
@@ -290,7 +295,9 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
     return v
 
 
-REPS = {"resnet": 30, "transformer": 15, "mlp5000": 20}
+REPS = {"resnet": 30, "transformer": 15, "mlp5000": 20, "vgg": 20, "gpt": 12, "hf_gpt2": 15,
+        "hf_bert": 15}
+PEER_MODELS = ("resnet", "transformer", "mlp5000")  # torchlens runs on these only
 
 
 def run_model(name: str, engine: Callable, args) -> tuple[list[Variant], dict]:
@@ -404,6 +411,17 @@ def attach_detach(engine: Callable, n: int) -> tuple[list[float], list[float]]:
     return att, det
 
 
+_RAW_ROW = (ctypes.c_double * 8)()
+
+
+def one_pass(t: torch.Tensor) -> Any:
+    """The one-pass kernel call inspect makes for a CPU tensor (all statistics, written as one
+    RAW row); raises KeyError when the kernel is not built (no C compiler)."""
+    from singlecard_nb.inspection import native
+
+    native.kernels()[t.dtype](t, t.numel(), False, ctypes.addressof(_RAW_ROW))
+
+
 REDUCTIONS: dict[str, Callable[[torch.Tensor], Any]] = {
     "sum": lambda t: t.sum(),
     "aminmax": lambda t: torch.aminmax(t),
@@ -419,57 +437,78 @@ REDUCTIONS: dict[str, Callable[[torch.Tensor], Any]] = {
     "dot(x, x) (sum of squares)": lambda t: torch.dot(t.reshape(-1), t.reshape(-1)),
     "dot(sign(x), sign(x)) (nonzeros)": lambda t: (lambda s: torch.dot(s, s))(t.reshape(-1).sign()),
     "stack 5 scalars": None,  # filled per tensor below
+    "one-pass kernel (inspect, all statistics)": one_pass,
 }
+# the tensors the reduction table is timed on: (model, which output)
+REDUCTION_COLUMNS = (("resnet", "typical"), ("resnet", "largest"), ("transformer", "typical"),
+                     ("transformer", "largest"), ("mlp5000", "typical"), ("gpt", "largest"),
+                     ("hf_bert", "typical"))
 
 
-def typical_activations() -> dict[str, dict[str, torch.Tensor]]:
-    """Per model: the output of median size ("typical") and the largest output of a forward."""
-    acts: dict[str, dict[str, torch.Tensor]] = {}
-    for name, make in bench_models.MODELS.items():
-        torch.manual_seed(0)
-        model, x = make()
-        seen: list[torch.Tensor] = []
-        def keep(mod, a, o, seen=seen):
-            seen.extend(t.detach().clone() for t in _tensors(o))
+def model_outputs(name: str) -> list[torch.Tensor]:
+    """Copies of every module output of one forward of a benchmark model, in call order (what
+    the floor's hooks see: a container's output again after its last child's)."""
+    torch.manual_seed(0)
+    model, x = bench_models.MODELS[name]()
+    seen: list[torch.Tensor] = []
 
-        hs = [m.register_forward_hook(keep) for m in model.modules()]
+    def keep(mod, a, o):
+        seen.extend(t.detach().clone() for t in _tensors(o))
+
+    hs = [m.register_forward_hook(keep) for m in model.modules()]
+    try:
         with torch.no_grad():
             model(x)
+    finally:
         for h in hs:
             h.remove()
-        seen = [t for t in seen if t.is_floating_point() and t.numel() > 0]
+    return seen
+
+
+def typical_activations(names: Sequence[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per model: the output of median size ("typical") and the largest output of a forward."""
+    acts: dict[str, dict[str, torch.Tensor]] = {}
+    for name in names:
+        seen = [t for t in model_outputs(name) if t.is_floating_point() and t.numel() > 0]
         seen.sort(key=lambda t: t.numel())
         acts[name] = {"typical": seen[len(seen) // 2], "largest": seen[-1]}
     return acts
 
 
-def time_reductions(quick: bool) -> tuple[dict, dict]:
-    acts = typical_activations()
+def _best_of(fn: Callable[[], Any], quick: bool, budget: float = 0.002) -> float:
+    """Seconds per call: best of short loops. A scheduler stall (other processes on a 2-core
+    machine stall a 2-thread op by a whole time slice) spoils one loop, not the estimate."""
+    with torch.no_grad():
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t0
+        inner = max(1, min(500, int((budget / 4 if quick else budget) / max(once, 1e-7))))
+        samples = []
+        for _ in range(3 if quick else 15):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner)
+    return min(samples)
+
+
+def time_reductions(names: Sequence[str], quick: bool) -> tuple[dict, dict]:
+    columns = [(n, w) for n, w in REDUCTION_COLUMNS if n in names]
+    acts = typical_activations(sorted({n for n, _ in columns}))
     res: dict[tuple[str, str], dict[str, float]] = {}
-    for name, d in acts.items():
-        for which, t in d.items():
-            scalars = [t.sum() for _ in range(5)]
-            per: dict[str, float] = {}
-            for op, fn in REDUCTIONS.items():
-                f = fn if fn is not None else (lambda _t, s=scalars: torch.stack(s))
-                with torch.no_grad():
-                    f(t)
-                    t0 = time.perf_counter()
-                    f(t)
-                    once = time.perf_counter() - t0
-                    # short samples, best of many: a scheduler stall (other processes on a
-                    # 2-core machine stall a 2-thread op by a whole time slice) spoils one
-                    # sample, not the estimate
-                    inner = max(1, min(500, int((0.0005 if quick else 0.002) / max(once, 1e-7))))
-                    samples = []
-                    for _ in range(3 if quick else 15):
-                        t0 = time.perf_counter()
-                        for _ in range(inner):
-                            f(t)
-                        samples.append((time.perf_counter() - t0) / inner)
-                per[op] = min(samples)
-            res[(name, which)] = per
-    shapes = {(n, w): tuple(t.shape) for n, d in acts.items() for w, t in d.items()}
+    for name, which in columns:
+        t = acts[name][which]
+        scalars = [t.sum() for _ in range(5)]
+        per: dict[str, float] = {}
+        for op, fn in REDUCTIONS.items():
+            f = fn if fn is not None else (lambda _t, s=scalars: torch.stack(s))
+            try:
+                per[op] = _best_of(lambda f=f, t=t: f(t), quick)
+            except (KeyError, RuntimeError):  # no kernel for this dtype, or none built
+                per[op] = math.nan
+        res[(name, which)] = per
+    shapes = {c: tuple(acts[c[0]][c[1]].shape) for c in columns}
     return res, shapes
 
 
@@ -650,3 +689,26 @@ def _ddp_costs(quick: bool, single_card: Any) -> list[tuple[str, Figures]]:
     finally:
         single_card.disable()
     return rows
+
+
+def statistics_alone(names: Sequence[str], quick: bool) -> dict[str, dict[str, float]]:
+    """Per model: seconds to take the statistics of all outputs of one forward, without hooks
+    or forward: the floor (one sum each), inspect's statistics (StepStats with the kernel), and
+    the same with torch reductions only (before the kernel is built, or without a compiler)."""
+    from singlecard_nb.inspection.stats import StepStats
+
+    def engine(outputs, kernels):
+        step = StepStats(kernels=kernels)
+        for t in outputs:
+            step.add(t, tuple(t.shape))
+        return step.table(range(len(outputs)))
+
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        outputs = model_outputs(name)
+        out[name] = {
+            "floor": _best_of(lambda o=outputs: [t.sum() for t in o], quick, 0.02),
+            "kernel": _best_of(lambda o=outputs: engine(o, None), quick, 0.02),
+            "torch": _best_of(lambda o=outputs: engine(o, {}), quick, 0.02),
+        }
+    return out

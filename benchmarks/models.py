@@ -1,4 +1,5 @@
-"""The three benchmark models of issue 4 ("Speed — benchmarks/") and their inputs.
+"""The benchmark models and their inputs: the three of issue 4 ("Speed — benchmarks/") and four
+of issue 13, models the engine was never tuned on.
 
 * ``resnet``      — a ResNet-18-like CNN written here (no torchvision): BasicBlocks that call
   ``self.relu`` twice per block as torchvision does, so the same module is called twice per step.
@@ -6,13 +7,23 @@
   4 heads, batch_first, dropout 0).  Run with grad enabled, the fused fast path is off.
 * ``mlp5000``     — ``nn.Sequential`` of 2 500 × (Linear(16, 16) + ReLU): 5 000 tiny leaf modules,
   which measures the fixed per-module-call cost of an inspector.
+* ``vgg``         — a VGG-11-style CNN with BatchNorm and in-place ReLU (``Conv → BN → ReLU(inplace)``,
+  as torchvision's ``vgg11_bn``), 64×64 images: every BatchNorm output is overwritten by the
+  next module, so its statistics must be taken before the ReLU runs.
+* ``gpt``         — a GPT-style decoder written here: token + position embeddings, 4 pre-norm
+  blocks (d 192, 6 heads, causal ``F.scaled_dot_product_attention``, GELU MLP), tied LM head.
+* ``hf_gpt2``, ``hf_bert`` — Hugging Face ``GPT2Model`` and ``BertModel`` from small configs
+  (4 layers, hidden 256, 4 heads), random weights, nothing downloaded (``HF_HUB_OFFLINE=1``);
+  need ``transformers`` (the ``bench`` extra), imported only when these models are built.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -89,14 +100,129 @@ def mlp5000() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*mods), torch.randn(16, 16)
 
 
+VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+class VGG(nn.Module):
+    """torchvision's vgg11_bn layout (features, avgpool, classifier), sized for 64×64 inputs."""
+
+    def __init__(self, cfg=VGG11, num_classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for v in cfg:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(channels, v, 3, padding=1), nn.BatchNorm2d(v),
+                           nn.ReLU(inplace=True)]
+                channels = v
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(2)
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 4, 1024), nn.ReLU(inplace=True), nn.Dropout(0.5),
+            nn.Linear(1024, 1024), nn.ReLU(inplace=True), nn.Dropout(0.5),
+            nn.Linear(1024, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = CausalSelfAttention(d, heads)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 4096, context: int = 256, d: int = 192, heads: int = 6,
+                 layers: int = 4) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.Sequential(*(Block(d, heads) for _ in range(layers)))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as in GPT-2
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
+        return self.head(self.ln_f(self.blocks(x)))
+
+
+def vgg() -> tuple[nn.Module, torch.Tensor]:
+    return VGG(), torch.randn(8, 3, 64, 64)
+
+
+def gpt() -> tuple[nn.Module, torch.Tensor]:
+    return GPT(), torch.randint(0, 4096, (8, 256))
+
+
+def _hf_small(kind: str) -> tuple[nn.Module, torch.Tensor]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # random weights: nothing to download
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if kind == "gpt2":
+        config = transformers.GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=256,
+                                         vocab_size=4096, bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2Model(config)
+    else:
+        config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4,
+                                         num_attention_heads=4, intermediate_size=1024,
+                                         vocab_size=4096, max_position_embeddings=256)
+        model = transformers.BertModel(config)
+    return model, torch.randint(0, 4096, (8, 128))
+
+
+def hf_gpt2() -> tuple[nn.Module, torch.Tensor]:
+    return _hf_small("gpt2")
+
+
+def hf_bert() -> tuple[nn.Module, torch.Tensor]:
+    return _hf_small("bert")
+
+
 MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
     "resnet": resnet,
     "transformer": transformer,
     "mlp5000": mlp5000,
+    "vgg": vgg,
+    "gpt": gpt,
+    "hf_gpt2": hf_gpt2,
+    "hf_bert": hf_bert,
 }
+
+NEEDS_TRANSFORMERS = ("hf_gpt2", "hf_bert")
 
 LABELS = {
     "resnet": "ResNet-18-like CNN, 16×3×64×64",
     "transformer": "Transformer encoder 6×256, 16×128",
     "mlp5000": "2 500×(Linear16+ReLU), 16×16",
+    "vgg": "VGG-11-BN CNN (in-place ReLU), 8×3×64×64",
+    "gpt": "GPT decoder 4×192 (SDPA), 8×256 tokens",
+    "hf_gpt2": "HF GPT2Model 4×256, 8×128 tokens",
+    "hf_bert": "HF BertModel 4×256, 8×128 tokens",
 }

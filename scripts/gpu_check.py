@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Prove pinning on a real NVIDIA GPU machine; prints a report, exits non-zero on any failure.
 
-    python scripts/gpu_check.py            # ~1-3 minutes; always under 10
+    python scripts/gpu_check.py            # ~2-4 minutes; always under 15
 
 Each check runs in a fresh Python process, because whether CUDA has started is per process:
 - the driver probe says "not started" in a fresh process and "started" right after
@@ -11,6 +11,9 @@ Each check runs in a fresh Python process, because whether CUDA has started is p
 - `cpu` hides every GPU;
 - too late (driver already started): the pin is soft, selects the matching device by UUID,
   leaves the environment alone and says so;
+- inspection on the GPU: benchmarks/bench.py's ratios for two models (full statistics against
+  the floor of one x.sum() per output, training steps, every=10) and the device->host
+  synchronisations of one inspected step (target: one);
 - then the tests marked `gpu` run under pytest.
 """
 
@@ -32,14 +35,14 @@ from singlecard_nb.pinning import devices  # noqa: E402  (after the path is set)
 results: list[tuple[str, bool, str]] = []
 
 
-def fresh(code: str, **env: str) -> dict:
+def fresh(code: str, timeout: float = 180, **env: str) -> dict:
     """Run `code` in a new interpreter (no CUDA started) and return the JSON it prints last."""
     environ = {k: v for k, v in os.environ.items()
                if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SINGLECARD_NB_DEVICE",
                             "SINGLECARD_NB_MACHINE")}
     environ.update(env)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ, cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -139,46 +142,43 @@ STARTED_UNDER_PIN = """
                       "refused": refused, "count": torch.cuda.device_count()}}))
 """
 
-INSPECT_ON_GPU = """
-    import json, statistics, time, warnings, torch, singlecard_nb
-    from torch import nn
+GPU_MODELS = ("resnet", "gpt")  # a CNN and a decoder from benchmarks/models.py
+GPU_REPS = 20
+
+DEVICE_RATIOS = """
+    import json, sys, torch, singlecard_nb
+    sys.path.insert(0, "benchmarks")
     singlecard_nb.pin({index})
-    layer = nn.TransformerEncoderLayer(256, 4, dropout=0.0, batch_first=True)
-    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).cuda()
-    x = torch.randn(16, 128, 256, device="cuda")
-    insp = singlecard_nb.inspect(model)
-    insp.stop()
-
-    def timed(inspected):
-        if inspected:
-            insp.start()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(5):
-            model(x)
-        insp.flush()
-        torch.cuda.synchronize()
-        insp.stop()
-        return (time.perf_counter() - start) / 5
-
-    bare, full = [], []
-    for _ in range(8):  # interleaved against drift
-        bare.append(timed(False))
-        full.append(timed(True))
-    insp.start()
-    model(x)  # step 0
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        model(x)  # step 1 records, and moves step 0 to the host
-        torch.cuda.set_sync_debug_mode("default")
-    insp.stop()
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
-    print(json.dumps({{"bare_ms": statistics.median(bare) * 1e3,
-                      "full_ms": statistics.median(full) * 1e3, "syncs": syncs,
-                      "rows": len(insp.frame())}}))
+    import device_ratios
+    device = torch.device("cuda")
+    out = {{}}
+    for name in {models!r}:
+        result = device_ratios.ratios(name, device, reps={reps})
+        result["syncs"] = device_ratios.syncs_per_step(name, device)
+        out[name] = result
+    print(json.dumps(out))
 """
+
+
+def describe_ratios(name: str, result: dict) -> tuple[bool, str]:
+    """One model's line: ratios with their targets (benchmarks/report.py), and whether the
+    synchronisations per inspected step are the one promised."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report import FLOOR_TARGET, RATIO_TARGETS
+
+    ratio, median = result["ratio"], result["median"]
+
+    def verdict(value: float, limit: float) -> str:
+        return f"{value:.2f}x (<= {limit:.2f}x: {'PASS' if value <= limit else 'FAIL'})"
+
+    parts = [f"bare forward {median['bare'] * 1e3:.2f} ms, floor {ratio['floor']:.2f}x, "
+             f"full statistics {ratio['full']:.2f}x = floor x "
+             + verdict(ratio["full/floor"], FLOOR_TARGET)]
+    parts += [f"{key} " + verdict(ratio[key], limit) for key, limit in RATIO_TARGETS.items()]
+    parts.append(f"bare training step {median['train'] * 1e3:.2f} ms")
+    parts.append(f"device->host synchronisations per inspected step: {result['syncs']} "
+                 "(target 1)")
+    return result["syncs"] == 1, f"{name}: " + "; ".join(parts)
 
 
 def main() -> int:
@@ -260,14 +260,12 @@ def main() -> int:
     check("hard pin kept when CUDA starts under it", started_under_pin)
 
     def inspect_on_gpu():
-        out = fresh(INSPECT_ON_GPU.format(index=index))
-        ratio = out["full_ms"] / out["bare_ms"]
-        return out["syncs"] == 1, (
-            f"transformer (6 layers, d256, seq 128, batch 16) forward: bare {out['bare_ms']:.2f} ms, "
-            f"full statistics {out['full_ms']:.2f} ms, ratio {ratio:.2f}x; device->host "
-            f"synchronisations per inspected step: {out['syncs']} (target 1)")
+        out = fresh(DEVICE_RATIOS.format(index=index, models=GPU_MODELS, reps=GPU_REPS),
+                    timeout=400)
+        lines = [describe_ratios(name, out[name]) for name in GPU_MODELS]
+        return all(ok for ok, _ in lines), "\n       ".join(line for _, line in lines)
 
-    check("inspection on the GPU: ratio and synchronisations per step", inspect_on_gpu)
+    check("inspection on the GPU: bench ratios and synchronisations per step", inspect_on_gpu)
 
     def gpu_tests():
         done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",

@@ -11,6 +11,7 @@ import sys
 import warnings
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -506,13 +507,18 @@ def test_accelerator_formulas_agree_with_the_cpu_path():
     x[5, 5] = math.nan
     x[6, 6] = math.inf
     step = stats.StepStats()
-    on_device = step._reduce_on_device(x, x.numel()).tolist()
-    on_cpu = step._reduce_cpu(x, x.numel())
+    n = np.array([x.numel()])
+
+    def values(raw):
+        return stats.finish(np.array([raw], dtype=np.float64), n)[0].tolist()
+
+    on_device = values(step._reduce_on_device(x, x.numel()).tolist())
+    on_cpu = values(step._reduce_cpu(x, x.numel()))
     finite = x[torch.isfinite(x)].double()
-    assert on_device[5:7] == [1.0, 1.0] and list(on_cpu[5:7]) == [1, 1]
+    assert on_device[5:7] == [1.0, 1.0] and on_cpu[5:7] == [1, 1]
     assert on_device[7] == pytest.approx(on_cpu[7]) == pytest.approx(1500 / x.numel())
     clean = torch.where(torch.isfinite(x), x, torch.zeros(()))
-    values = step._reduce_on_device(clean, clean.numel()).tolist()
-    assert values[0] == pytest.approx(clean.double().mean().item(), rel=1e-9)
-    assert values[1] == pytest.approx(clean.double().std().item(), rel=1e-9)
-    assert values[2:5] == [finite.min().item(), finite.max().item(), finite.abs().max().item()]
+    on_device = values(step._reduce_on_device(clean, clean.numel()).tolist())
+    assert on_device[0] == pytest.approx(clean.double().mean().item(), rel=1e-9)
+    assert on_device[1] == pytest.approx(clean.double().std().item(), rel=1e-9)
+    assert on_device[2:5] == [finite.min().item(), finite.max().item(), finite.abs().max().item()]

@@ -1,24 +1,34 @@
 """On-device statistics of tensors, collected for one step and moved to the host together.
 
-Every tensor gets the same eight values, `VALUES`. How they are taken follows what each
-reduction costs (measured on a 2-core CPU, see benchmarks/): `sum`, `aminmax` and
-`linalg.vector_norm` are one cheap pass each, while `std_mean`, `count_nonzero` and
-`isnan().sum()` are many times slower. So, for a large tensor:
+Every tensor gets the same eight values, `VALUES`. Reductions first produce *raw* values (`RAW`:
+min, max, a shift, the sum and the sum of squares of the values minus the shift, NaN, Inf and
+non-zero counts); `finish` turns many rows of those into VALUES at once, on the host.
 
-    min, max   aminmax, or amin and amax for large CPU tensors (faster there); both propagate
-               NaN/Inf, so they also say whether NaN/Inf counts are needed
-    mean       sum / n, accumulated in float32 on a CPU and in float64 on a GPU
-    std        from the sum of squares in one pass (unbiased, like torch.std). On a CPU, with
-               float32 sums, its relative error grows like 1e-7 * (mean/std)**2: labelled as a
-               one-pass value; `exact_std=True` switches to torch.var_mean (two-pass, slower).
-    zeros      fraction of exact zeros: none when 0 lies outside [min, max], else counted as
-               dot(sign(x), sign(x)), several times faster than a bool sum on the CPU
-    nan, inf   counted only when min or max is non-finite on a CPU (reading a CPU value costs
-               nothing); on a GPU, where reading would synchronise, always counted on device.
+How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 
-Small tensors cost mostly per-operation overhead, so they are copied (an activation is never
-referenced after its hook) and reduced together, grouped by shape, when the step is collected;
-those use the exact two-pass variance. All results on a device reach the host in one transfer.
+    CPU tensors         one call of the C kernel in `onepass.c` (built in the background by
+                        `native.py`), which writes the RAW row itself: min, max, mean, the
+                        centred sum of squares and the zero count in a single read, 1.0-2.0x
+                        the cost of one `x.sum()` on large tensors and under a microsecond on
+                        small ones. It reads a second time, in float64, only where the first
+                        read cannot be trusted: NaN/Inf (counted), a variance that cancels,
+                        squares out of float32's range (values beyond ~1e18 or below ~1e-18),
+                        or `exact_std`. A strided view is copied first. Until the kernel is
+                        ready, or where it cannot be built, torch reductions do the same
+                        (a few reads per tensor).
+    small tensors       on a GPU, and on a CPU before the kernel is ready: tensors of at most
+                        SMALL_NUMEL values are copied (an activation is never referenced after
+                        its hook), grouped by shape and reduced together when the step is
+                        collected, with the two-pass variance.
+    GPU tensors         torch reductions on the device, sums in float64, every count taken on
+                        the device; all of a step's raw rows reach the host in one transfer.
+
+Exactness: min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
+float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
+std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so mean and std
+have relative errors below 1e-5 and 1e-4 at worst (a float32 block sum), typically 1e-7. A
+constant tensor gets std exactly 0 and its value as mean. `exact_std=True` always takes the
+second pass.
 """
 
 from __future__ import annotations
@@ -29,12 +39,24 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from . import native
+
 VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
+RAW = ("min", "max", "shift", "s1", "s2", "nan", "inf", "nonzero")  # s1 = sum(x - shift), s2 of squares
 EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
 SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)
+# A second, centred pass when the mean square exceeds the variance this many times: the
+# one-pass variance loses about log10(ratio) digits of the float32 sums' precision.
+CANCELLATION_LIMIT = 10.0
 _AMINMAX_NUMEL = 200_000  # below this one aminmax beats amin + amax (fewer dispatches)
-_EXACT_FLOAT_COUNT = 1 << 24  # float32 sums of ones stay exact below this many elements
+_ZERO_CHUNK = 1 << 18  # the torch path counts zeros in chunks: no tensor-sized temporary
+_CHUNK_BITS = 10  # the kernel's RAW rows come in chunks of 1024
+_CHUNK_MASK = (1 << _CHUNK_BITS) - 1
+_ROW_BYTES = 8 * 8  # len(RAW) float64
+# Squares of values beyond this (or below its inverse) overflow (or lose digits to underflow)
+# in the accumulator's type: such tensors are summed in float64 by torch instead.
+_SQUARES_FIT = {torch.float32: 1e18, torch.float64: 1e150}
 
 _REDUCIBLE = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -47,6 +69,12 @@ def reducible(t: torch.Tensor) -> bool:
     """Whether statistics can be taken; sparse, quantized, nested and meta tensors cannot."""
     return (t.dtype in _REDUCIBLE and t.layout is torch.strided and not t.is_nested
             and not t.is_meta)
+
+
+def _wide(device: torch.device) -> torch.dtype:
+    """The accumulation type for sums on an accelerator: float64, except on Apple's MPS,
+    which has none."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -63,22 +91,50 @@ def _as_real(x: torch.Tensor) -> torch.Tensor | None:
     return None if x.dtype == dtype else x.to(dtype)
 
 
-def _values_on_device(n, total, second, lo, hi, nan, inf, nonzero, exact: bool) -> torch.Tensor:
-    """Stack the eight VALUES from raw reductions (scalars or [k] vectors), on the device.
+def _one_block(t: torch.Tensor) -> bool:
+    """Whether the elements fill one dense block of memory from `data_ptr()`, in any order
+    (contiguous, channels_last, transposed views): then a kernel can read them as a vector.
+    The kernel only reads memory, so a tensor that requires grad needs no `detach()`."""
+    if type(t) is not torch.Tensor or t.is_neg():
+        return False  # subclasses (Parameter too) and lazily negated views: torch reads them
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
-    `second` is the sum of squares, or the variance itself when `exact`.
-    """
-    mean = total / n
-    if exact:
-        var = second
-    else:
-        var = (second - total * mean).clamp_min(0) / (n - 1) if n > 1 else second * math.nan
-    std = var.sqrt()
-    absmax = torch.maximum(lo.abs(), hi.abs())
-    zeros = (n - nonzero) / n
-    dtype = mean.dtype
-    return torch.stack([mean, std, lo.to(dtype), hi.to(dtype), absmax.to(dtype),
-                        nan.to(dtype), inf.to(dtype), zeros.to(dtype)], dim=-1)
+
+def _squares_fit(dtype: torch.dtype, lo: float, hi: float) -> bool:
+    """Whether squares of values in [lo, hi] are safe to sum in `dtype`'s accumulators
+    (float32 for half types); a constant tensor needs no squares."""
+    bound = _SQUARES_FIT.get(dtype, 1e18)
+    largest = max(abs(lo), abs(hi))
+    return lo == hi or 1 / bound < largest < bound
+
+
+def _cancels(s2: float, spread: float) -> bool:
+    """Whether a variance `spread` (centred sum of squares) taken as s2 - (sum)^2 / n from a
+    sum of squares `s2` has lost too many digits."""
+    return spread <= 0 or s2 > CANCELLATION_LIMIT * spread
+
+
+def finish(raw: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """VALUES ([k, 8] float64) from RAW rows ([k, 8]) of tensors of `n` ([k]) elements."""
+    lo, hi, shift, s1, s2, nan, inf, nonzero = raw.T
+    with np.errstate(all="ignore"):
+        mean = np.where(np.isfinite(shift), shift + s1 / n, shift)  # an Inf mean stays Inf
+        var = np.maximum(s2 - s1 * s1 / n, 0.0) / (n - 1)  # unbiased, like torch.std
+        var[(n <= 1) | ~np.isfinite(s1) | ~np.isfinite(s2)] = np.nan
+        constant = (lo == hi) & np.isfinite(lo)  # exact: no rounding in the mean or std
+        mean = np.where(constant, lo, mean)
+        var = np.where(constant & (n > 1), 0.0, var)
+        absmax = np.maximum(np.abs(lo), np.abs(hi))  # NaN stays NaN
+        zeros = (n - nonzero) / n
+    return np.stack([mean, np.sqrt(var), lo, hi, absmax, nan, inf, zeros], axis=1)
 
 
 class _Staging:
@@ -121,18 +177,28 @@ class _Staging:
 class StepStats:
     """Statistics of the tensors seen in one step: `add` gives a slot, `table` the VALUES.
 
-    exact_std: take the two-pass variance for large tensors too.
+    exact_std: always take the centred second pass for the variance (slower).
+    kernels: the one-pass kernels by dtype to use (default: `native.kernels()`, empty until
+        they are built); `{}` takes every statistic with torch.
     """
 
-    def __init__(self, exact_std: bool = False):
+    def __init__(self, exact_std: bool = False,
+                 kernels: dict[torch.dtype, native.Kernel] | None = None):
         self.exact_std = exact_std
         self._count = 0
-        self._known: dict[int, Sequence[float]] = {}  # slot -> VALUES already on the host
-        self._tables: list[tuple[list[int], np.ndarray]] = []  # many slots' VALUES at once
+        self._raw: dict[int, tuple] = {}  # slot -> RAW already on the host
+        self._numel: dict[int, int] = {}  # slot -> number of elements, for `finish`
+        self._tables: list[tuple[list[int], np.ndarray]] = []  # many slots' RAW at once
         self._small: dict[tuple, _Staging] = {}  # (device, dtype, shape) -> deferred copies
         self._small_bytes = 0
-        # results on an accelerator: device -> (slots, [VALUES] vectors or [k, VALUES] tables)
+        # RAW on an accelerator: device -> (slots, [RAW] vectors or [k, RAW] tables)
         self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+        self._zero: dict[torch.device, torch.Tensor] = {}
+        self._kernels = native.kernels() if kernels is None else kernels  # {} until built
+        self._build = kernels is None  # the first CPU tensor starts building the kernels
+        # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
+        # address a kernel writes to stays valid even while another thread adds a chunk
+        self._chunks: list[tuple[np.ndarray, int]] = []
 
     def add(self, t: torch.Tensor, shape: tuple, *, immediate: bool = False) -> int:
         """Take statistics of `t`; `immediate` forbids deferring (the NaN trap reads at once)."""
@@ -141,27 +207,33 @@ class StepStats:
         n = t.numel()
         if n == 0:
             return slot  # an empty tensor has a shape but no statistics (NaN row)
+        self._numel[slot] = n
+        on_cpu = t.is_cpu
+        if on_cpu:  # one call of the kernel: ~1.5 us for a small tensor, one read for a large one
+            kernel = self._kernels.get(t.dtype)
+            if kernel is not None:
+                try:  # a strided view is copied first: still fewer reads than torch's
+                    kernel(t if _one_block(t) else t.contiguous(), n, self.exact_std,
+                           self._row_address(slot))
+                    return slot
+                except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
+                    pass
+            if not self._kernels and self._build and not native.started():
+                native.start()  # in the background: this step and the next go on with torch
         x = t.detach()
-        dtype = x.dtype
         if n <= SMALL_NUMEL and not immediate:
-            if dtype.is_complex:
-                x = x.abs()  # magnitudes
-                dtype = x.dtype
-            staged_dtype = _real_dtype(dtype)  # the staging copy converts
-            key = (x.device, staged_dtype, shape)
-            staging = self._small.get(key)
-            if staging is None:
-                staging = self._small[key] = _Staging(shape, staged_dtype, x.device)
-            self._small_bytes += staging.add(x, slot)  # a copy, never the activation itself
-            if self._small_bytes > DEFER_BYTES_LIMIT:
-                self._reduce_small()
+            self._stage(x, shape, slot)
             return slot
         real = _as_real(x)
         v = x if real is None else real
-        if v.device.type == "cpu":
-            self._known[slot] = self._reduce_cpu(v, n)
+        if on_cpu:
+            kernel = self._kernels.get(v.dtype) if real is not None else None
+            if kernel is not None:  # a converted copy (integers, complex magnitudes)
+                kernel(v, n, self.exact_std, self._row_address(slot))
+            else:
+                self._raw[slot] = self._reduce_cpu(v, n)
         elif immediate:  # the trap reads at once: this synchronises, as documented
-            self._known[slot] = self._reduce_on_device(v, n).tolist()
+            self._raw[slot] = tuple(self._reduce_on_device(v, n).tolist())
         else:
             slots, vectors = self._on_device.setdefault(v.device, ([], []))
             slots.append(slot)
@@ -170,102 +242,160 @@ class StepStats:
 
     def value(self, slot: int) -> Sequence[float]:
         """The VALUES of one slot taken with `immediate=True` (or an empty tensor's NaNs)."""
-        return self._known.get(slot, EMPTY)
+        raw = self._raw.get(slot)
+        if raw is None and slot >> _CHUNK_BITS < len(self._chunks):
+            raw = self._chunks[slot >> _CHUNK_BITS][0][slot & _CHUNK_MASK]
+        if raw is None or slot not in self._numel:
+            return EMPTY
+        return finish(np.array([raw], dtype=np.float64), np.array([self._numel[slot]]))[0]
 
     def table(self, row_slots: Sequence[int | None]) -> np.ndarray:
         """VALUES for each row ([rows, 8] float64, NaN where none), after one collection."""
         self.collect()
-        values = np.full((self._count + 1, len(VALUES)), np.nan)  # last row: "no statistics"
-        for slot, known in self._known.items():
-            values[slot] = known
+        raw = np.full((self._count + 1, len(RAW)), np.nan)  # last row: "no statistics"
+        if self._chunks:  # rows the kernel wrote (NaN elsewhere)
+            written = np.concatenate([rows for rows, _ in self._chunks])[: self._count]
+            raw[: len(written)] = written
+        if self._raw:
+            raw[list(self._raw)] = list(self._raw.values())
         for slots, table in self._tables:
-            values[slots] = table
+            raw[slots] = table
+        numel = np.ones(self._count + 1)
+        if self._numel:
+            numel[list(self._numel)] = list(self._numel.values())
         index = np.fromiter((self._count if s is None else s for s in row_slots), np.intp,
                             count=len(row_slots))
-        return values[index]
+        return finish(raw[index], numel[index])
 
     def collect(self) -> None:
         """Reduce deferred tensors and move results to the host: one transfer per device."""
         self._reduce_small()
         for slots, tables in self._on_device.values():
-            rows = torch.cat([table.view(-1, len(VALUES)).to(torch.float64) for table in tables])
+            rows = torch.cat([table.view(-1, len(RAW)) for table in tables])
             self._tables.append((slots, rows.to("cpu").numpy()))
         self._on_device = {}
 
     # --- reductions -----------------------------------------------------------------------
+    def _row_address(self, slot: int) -> int:
+        """Where the kernel writes the RAW row of `slot`."""
+        chunk = slot >> _CHUNK_BITS
+        while chunk >= len(self._chunks):
+            rows = np.full((1 << _CHUNK_BITS, len(RAW)), np.nan)
+            self._chunks.append((rows, rows.ctypes.data))  # one append: pairs stay together
+        return self._chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
+
+    def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
+        dtype = x.dtype
+        if dtype.is_complex:
+            x = x.abs()  # magnitudes
+            dtype = x.dtype
+        staged_dtype = _real_dtype(dtype)  # the staging copy converts
+        key = (x.device, staged_dtype, shape)
+        staging = self._small.get(key)
+        if staging is None:
+            staging = self._small[key] = _Staging(shape, staged_dtype, x.device)
+        self._small_bytes += staging.add(x, slot)  # a copy, never the activation itself
+        if self._small_bytes > DEFER_BYTES_LIMIT:
+            self._reduce_small()
+
     def _reduce_cpu(self, v: torch.Tensor, n: int) -> tuple:
+        """Torch reductions of a float32/float64 CPU tensor: before the kernel is ready, or
+        where it cannot be built. Same RAW as the kernel's (onepass.c), the same way."""
         if n <= _AMINMAX_NUMEL:
             lo_t, hi_t = torch.aminmax(v)
         else:  # amin + amax: ~1.4x faster than aminmax on large CPU tensors
             lo_t, hi_t = v.amin(), v.amax()
         lo, hi = lo_t.item(), hi_t.item()
-        if math.isfinite(lo) and math.isfinite(hi):
-            nan = inf = 0
-            if lo > 0 or hi < 0:
-                nonzero = n  # zero lies outside [min, max]: no pass needed
-            elif n < _EXACT_FLOAT_COUNT and v.is_contiguous():
-                signs = v.view(-1).sign()
-                nonzero = torch.dot(signs, signs).item()  # counts non-zeros, BLAS-fast
-            else:
-                nonzero = torch.count_nonzero(v).item()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+            return (lo, hi, 0.0, v.sum().item(), math.nan, nan, inf,
+                    n - int((v == 0).sum()))
+        nonzero = n if lo > 0 or hi < 0 else _count_nonzero(v)
+        s1 = v.sum().item()
+        if v.is_contiguous():  # a BLAS dot is ~1.7x faster than vector_norm here
+            flat = v.view(-1)
+            s2 = torch.dot(flat, flat).item()
         else:
-            nan = int(torch.isnan(v).sum())
-            inf = int(torch.isinf(v).sum())
-            nonzero = n - int((v == 0).sum())
-        if self.exact_std:
-            var_t, mean_t = torch.var_mean(v)
-            mean, var = mean_t.item(), var_t.item()
-        else:
-            total = v.sum().item()
-            mean = total / n
-            if v.is_contiguous():  # a BLAS dot is ~1.7x faster than vector_norm here
-                flat = v.view(-1)
-                sq = torch.dot(flat, flat).item()
-            else:
-                sq = torch.linalg.vector_norm(v).item() ** 2
-            var = max(sq - total * mean, 0.0) / (n - 1) if n > 1 else math.nan
-            if not (math.isfinite(total) and math.isfinite(sq)):
-                var = math.nan
-        absmax = max(abs(lo), abs(hi)) if not (math.isnan(lo) or math.isnan(hi)) else math.nan
-        return (mean, math.sqrt(var) if var == var else var, lo, hi, absmax, nan, inf,
-                (n - nonzero) / n)
+            s2 = torch.linalg.vector_norm(v).item() ** 2
+        shift = 0.0
+        if lo != hi and (self.exact_std or not (math.isfinite(s1) and math.isfinite(s2))
+                         or not _squares_fit(v.dtype, lo, hi) or _cancels(s2, s2 - s1 * s1 / n)):
+            exact = v.double()  # the rare exact path: centred, in float64
+            shift = exact.mean().item()
+            centred = (exact - shift).view(-1)
+            s1, s2 = centred.sum().item(), torch.dot(centred, centred).item()
+        return lo, hi, shift, s1, s2, 0, 0, nonzero
 
     def _reduce_on_device(self, v: torch.Tensor, n: int) -> torch.Tensor:
-        # On an accelerator every count is taken on the device in float64: no synchronisation.
-        f64 = torch.float64
+        """RAW of an accelerator tensor as a float64 vector on its device: nothing is read,
+        so all counts are taken (no synchronisation) and sums accumulate in float64."""
+        f64 = _wide(v.device)
         lo, hi = torch.aminmax(v)
-        total = v.sum(dtype=f64)
+        counts = torch.stack([torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)])
         if self.exact_std:
-            second = torch.var(v.to(f64)) if n > 1 else total * math.nan
+            shift = v.sum(dtype=f64) / n
+            centred = v.to(f64) - shift
+            sums = torch.stack([shift, centred.sum(), torch.linalg.vector_norm(centred).square()])
         else:
-            second = torch.linalg.vector_norm(v, dtype=f64).square()
-        return _values_on_device(n, total, second, lo, hi, torch.isnan(v).sum(dtype=f64),
-                                 torch.isinf(v).sum(dtype=f64), (v != 0).sum(dtype=f64),
-                                 self.exact_std)
+            zero = self._zero.get(v.device)
+            if zero is None:
+                zero = self._zero[v.device] = torch.zeros((), dtype=f64, device=v.device)
+            sums = torch.stack([zero, v.sum(dtype=f64),
+                                torch.linalg.vector_norm(v, dtype=f64).square()])
+        return torch.cat([torch.stack([lo, hi]).to(f64), sums, counts.to(f64)])
 
     def _reduce_small(self) -> None:
         # Per-row reductions over a [k, n] stack. Measured on the CPU: amin + amax are ~40x
-        # faster than aminmax(dim=1), and a centred sum of squares ~20x faster than var_mean.
+        # faster than aminmax(dim=1), and a centred norm ~20x faster than var_mean.
         for (device, _dtype, _shape), staging in self._small.items():
             slots, m = staging.slots, staging.matrix()
             n = m.shape[1]
+            on_cpu = device.type == "cpu"
             lo, hi = m.amin(dim=1), m.amax(dim=1)
-            total = m.sum(dim=1)
-            centred = m - (total / n).unsqueeze(1)
-            var = (centred * centred).sum(dim=1) / (n - 1) if n > 1 else total * math.nan
-            finite = device.type == "cpu" and bool(torch.isfinite(lo).all() & torch.isfinite(hi).all())
+            # float64 sums on a GPU (as for large tensors: nothing is read to decide), and on a
+            # CPU for values whose float32 squares could overflow or underflow
+            if m.dtype != torch.float64:
+                bound = _SQUARES_FIT[torch.float32]
+                largest = torch.maximum(lo.abs(), hi.abs())
+                if not on_cpu or bool(((largest >= bound)
+                                       | ((largest <= 1 / bound) & (lo != hi))).any()):
+                    m = m.to(_wide(device))
+            shift = m.sum(dim=1) / n
+            centred = m - shift.unsqueeze(1)
+            norm = torch.linalg.vector_norm(centred, dim=1)
+            finite = on_cpu and bool(torch.isfinite(lo).all() & torch.isfinite(hi).all())
             if finite:  # NaN/Inf counts needed only when something is not finite
                 nan = inf = torch.zeros_like(lo)
                 nonzero = m.sign().abs_().sum(dim=1)
             else:
                 nan, inf = torch.isnan(m).sum(dim=1), torch.isinf(m).sum(dim=1)
-                nonzero = (m != 0).sum(dim=1)
-            table = _values_on_device(n, total, var, lo, hi, nan, inf, nonzero, exact=True)
-            if device.type == "cpu":
-                self._tables.append((slots, table.to(torch.float64).numpy()))
+                nonzero = torch.count_nonzero(m, dim=1)
+            f64 = _wide(device)
+            table = torch.stack([lo.to(f64), hi.to(f64), shift.to(f64), centred.sum(dim=1).to(f64),
+                                 norm.to(f64).square(), nan.to(f64), inf.to(f64),
+                                 nonzero.to(f64)], dim=1)
+            if on_cpu:
+                self._tables.append((slots, table.numpy()))
             else:  # stays on the device until `collect` moves everything at once
                 pending_slots, tables = self._on_device.setdefault(device, ([], []))
                 pending_slots.extend(slots)
                 tables.append(table)
         self._small = {}
         self._small_bytes = 0
+
+
+def _count_nonzero(v: torch.Tensor) -> int:
+    """Non-zeros of a finite CPU tensor: dot(sign, sign) is several times faster than
+    count_nonzero there; taken in chunks, so no temporary as large as the tensor is made."""
+    if not v.is_contiguous():
+        return int(torch.count_nonzero(v))
+    flat = v.view(-1)
+    if flat.numel() <= _ZERO_CHUNK:
+        signs = flat.sign()
+        return round(torch.dot(signs, signs).item())
+    buffer = torch.empty(_ZERO_CHUNK, dtype=flat.dtype)
+    total = 0
+    for chunk in flat.split(_ZERO_CHUNK):
+        signs = torch.sign(chunk, out=buffer[: chunk.numel()])
+        total += round(torch.dot(signs, signs).item())  # exact: at most 2**18 ones
+    return total

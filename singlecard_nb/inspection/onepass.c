@@ -1,0 +1,199 @@
+/* All statistics of a tensor in one read, for singlecard_nb (see native.py and stats.py).
+
+   onepass_<dtype>(x, n, exact, out) reads x[0..n) and writes stats.RAW to out[0..8):
+       min, max, mean, 0, sum((x - mean)^2), NaN count, Inf count, count(x != 0)
+   (RAW's shift is the mean and its s1 is 0: stats.finish makes std and the rest of VALUES).
+
+   The one read: values are widened to float (double for float64), and within each block of
+   BLOCK values LANES independent accumulators (so the compiler vectorises without reassociating
+   anything) sum d = x - c and d^2, c being the block's first value; each adds at most
+   BLOCK / LANES = 128 terms, a relative error of at most 128 * 2^-24 (about 8e-6), usually far
+   less. Blocks are merged in double with Chan's formula (mean, centred sum of squares), so
+   precision is only lost within a block, where sum(d^2) - sum(d)^2 / BLOCK cancels if values lie
+   far from c in units of their spread. min/max skip NaN (a NaN compares false); a NaN or Inf
+   makes the sums non-finite.
+
+   A second read, in double, only where the first cannot be trusted:
+   - sums not finite: NaN and Inf are counted, and min, max and mean follow torch (NaN if any
+     NaN; Inf stays Inf); when there was neither, the float squares overflowed: centred pass;
+   - `exact`, the cancellation above beyond CANCELLATION_LIMIT, or values whose squares leave the
+     accumulator's range (beyond RANGE, below 1 / RANGE): a centred pass around the mean.
+   No -ffast-math: NaN and Inf must behave.
+
+   With OpenMP (built with -fopenmp only when the process already runs torch's libgomp, whose
+   thread pool is then shared) tensors of PARALLEL_MIN values or more are split over the calling
+   thread's team; smaller ones never enter an OpenMP region. */
+
+#include <math.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BLOCK 4096
+#define PARALLEL_MIN 262144 /* below this one thread is faster than waking the team */
+#define MAX_PARTS 64
+#define CANCELLATION_LIMIT 10.0 /* sum of squares / centred sum of squares of the first read */
+
+typedef struct { double count, mean, m2, s2, lo, hi, nz; } part_t;
+
+/* Chan et al.: merge the mean and centred sum of squares of b into a (min/max aside). */
+static void merge(part_t *a, const part_t *b) {
+    if (b->count == 0) return;
+    if (a->count == 0) { *a = *b; return; }
+    double count = a->count + b->count, delta = b->mean - a->mean;
+    a->mean += delta * (b->count / count);
+    a->m2 += b->m2 + delta * delta * (a->count * b->count / count);
+    a->s2 += b->s2;
+    a->nz += b->nz;
+    a->lo = b->lo < a->lo ? b->lo : a->lo;
+    a->hi = b->hi > a->hi ? b->hi : a->hi;
+    a->count = count;
+}
+
+/* Run BODY(a, b, t) over [0, n) in parts: one part below PARALLEL_MIN, else one per thread
+   of the OpenMP team, each a whole number of blocks. */
+#ifdef _OPENMP
+#define SPLIT(n, BODY)                                                                 \
+    if ((n) < PARALLEL_MIN) { BODY(0, (n), 0) }                                        \
+    else _Pragma("omp parallel")                                                       \
+    {                                                                                  \
+        int t = omp_get_thread_num(), k = omp_get_num_threads();                       \
+        if (k > MAX_PARTS) k = MAX_PARTS;                                              \
+        int64_t per = ((n) / k + BLOCK - 1) / BLOCK * BLOCK;                           \
+        int64_t a = per * t, b = a + per < (n) ? a + per : (n);                        \
+        if (t < k && a < b) { BODY(a, b, t) }                                          \
+    }
+#else
+#define SPLIT(n, BODY) { BODY(0, (n), 0) }
+#endif
+
+#define DEFINE_KERNEL(NAME, T, ACC, LANES, LOAD, RANGE)                                \
+/* the one read, over x[i..end) */                                                     \
+static void NAME##_read(const T *x, int64_t i, int64_t end, part_t *total) {           \
+    ACC lo[LANES], hi[LANES];                                                          \
+    ACC first = LOAD(x[i]);                                                            \
+    for (int j = 0; j < LANES; j++) { lo[j] = first; hi[j] = first; }                  \
+    part_t acc = {0, 0, 0, 0, 0, 0, 0};                                                \
+    while (i < end) {                                                                  \
+        int64_t start = i, stop = i + BLOCK < end ? i + BLOCK : end;                   \
+        ACC c = LOAD(x[i]);                                                            \
+        ACC s1[LANES], s2[LANES], nz[LANES];                                           \
+        for (int j = 0; j < LANES; j++) { s1[j] = 0; s2[j] = 0; nz[j] = 0; }           \
+        for (; i + LANES <= stop; i += LANES) {                                        \
+            for (int j = 0; j < LANES; j++) {                                          \
+                ACC v = LOAD(x[i + j]);                                                \
+                lo[j] = v < lo[j] ? v : lo[j];                                         \
+                hi[j] = v > hi[j] ? v : hi[j];                                         \
+                ACC d = v - c;                                                         \
+                s1[j] += d;                                                            \
+                s2[j] += d * d;                                                        \
+                nz[j] += v != 0 ? (ACC)1 : (ACC)0;                                     \
+            }                                                                          \
+        }                                                                              \
+        for (; i < stop; i++) {                                                        \
+            ACC v = LOAD(x[i]);                                                        \
+            lo[0] = v < lo[0] ? v : lo[0];                                             \
+            hi[0] = v > hi[0] ? v : hi[0];                                             \
+            ACC d = v - c;                                                             \
+            s1[0] += d;                                                                \
+            s2[0] += d * d;                                                            \
+            nz[0] += v != 0 ? (ACC)1 : (ACC)0;                                         \
+        }                                                                              \
+        double S1 = 0, S2 = 0, NZ = 0, count = (double)(stop - start);                 \
+        for (int j = 0; j < LANES; j++) { S1 += s1[j]; S2 += s2[j]; NZ += nz[j]; }     \
+        part_t block = {count, (double)c + S1 / count, S2 - S1 * S1 / count, S2,       \
+                        0, 0, NZ};                                                     \
+        if (block.m2 < 0) block.m2 = 0;                                                \
+        merge(&acc, &block);  /* min/max come from the lanes, below */                 \
+    }                                                                                  \
+    ACC l = lo[0], h = hi[0];                                                          \
+    for (int j = 1; j < LANES; j++) { l = lo[j] < l ? lo[j] : l; h = hi[j] > h ? hi[j] : h; } \
+    acc.lo = l; acc.hi = h;                                                            \
+    *total = acc;                                                                      \
+}                                                                                      \
+                                                                                       \
+/* the centred second read, in double: sums of d = x - mean and d^2 over x[i..end) */  \
+static void NAME##_centred(const T *x, int64_t i, int64_t end, double mean,           \
+                           double *sums) {                                             \
+    double s1[8] = {0}, s2[8] = {0};                                                   \
+    for (; i + 8 <= end; i += 8) {                                                     \
+        for (int j = 0; j < 8; j++) {                                                  \
+            double d = (double)LOAD(x[i + j]) - mean;                                  \
+            s1[j] += d;                                                                \
+            s2[j] += d * d;                                                            \
+        }                                                                              \
+    }                                                                                  \
+    for (; i < end; i++) {                                                             \
+        double d = (double)LOAD(x[i]) - mean;                                          \
+        s1[0] += d;                                                                    \
+        s2[0] += d * d;                                                                \
+    }                                                                                  \
+    for (int j = 0; j < 8; j++) { sums[0] += s1[j]; sums[1] += s2[j]; }                \
+}                                                                                      \
+                                                                                       \
+void NAME(const T *x, int64_t n, int exact, double *out) {                             \
+    part_t parts[MAX_PARTS], all = {0, 0, 0, 0, NAN, NAN, 0};                          \
+    for (int t = 0; t < MAX_PARTS; t++) parts[t].count = 0;                            \
+    if (n > 0) { SPLIT(n, NAME##_READ_PART) }                                          \
+    for (int t = 0; t < MAX_PARTS; t++) merge(&all, &parts[t]);                        \
+    double lo = all.lo, hi = all.hi, mean = all.mean, m2 = all.m2;                     \
+    double nans = 0, infs = 0;                                                         \
+    int centre = 0;                                                                    \
+    if (!(isfinite(mean) && isfinite(m2))) {                                           \
+        double sum = 0;                                                                \
+        for (int64_t i = 0; i < n; i++) {                                              \
+            double v = (double)LOAD(x[i]);                                             \
+            nans += isnan(v) ? 1 : 0;                                                  \
+            infs += isinf(v) ? 1 : 0;                                                  \
+            sum += v;                                                                  \
+        }                                                                              \
+        mean = sum / (double)n;  /* NaN, or Inf, as torch's mean */                    \
+        m2 = NAN;                                                                      \
+        if (nans > 0) { lo = NAN; hi = NAN; }                                          \
+        centre = nans == 0 && infs == 0; /* squares overflowed the accumulator */      \
+    } else if (lo != hi) {                                                             \
+        double largest = hi > -lo ? hi : -lo;                                          \
+        centre = exact || !(largest < (RANGE) && largest > 1 / (RANGE))                \
+                 || m2 <= 0 || all.s2 > CANCELLATION_LIMIT * m2;                       \
+    }                                                                                  \
+    if (centre) {                                                                      \
+        double sums[MAX_PARTS][2] = {{0}};                                             \
+        SPLIT(n, NAME##_CENTRED_PART)                                                  \
+        double s1 = 0, s2 = 0;                                                         \
+        for (int t = 0; t < MAX_PARTS; t++) { s1 += sums[t][0]; s2 += sums[t][1]; }    \
+        m2 = s2 - s1 * s1 / (double)n;                                                 \
+        mean += s1 / (double)n;                                                        \
+    }                                                                                  \
+    out[0] = lo; out[1] = hi; out[2] = mean; out[3] = 0; out[4] = m2;                  \
+    out[5] = nans; out[6] = infs; out[7] = all.nz;                                     \
+}
+
+static inline float from_bf16(uint16_t b) {
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)b << 16;
+    return c.f;
+}
+#define AS_IS(v) (v)
+#define AS_FLOAT(v) ((float)(v))
+
+#define onepass_float32_READ_PART(a, b, t) onepass_float32_read(x, a, b, &parts[t]);
+#define onepass_float32_CENTRED_PART(a, b, t) onepass_float32_centred(x, a, b, mean, sums[t]);
+DEFINE_KERNEL(onepass_float32, float, float, 32, AS_IS, 1e18)
+
+#define onepass_float64_READ_PART(a, b, t) onepass_float64_read(x, a, b, &parts[t]);
+#define onepass_float64_CENTRED_PART(a, b, t) onepass_float64_centred(x, a, b, mean, sums[t]);
+DEFINE_KERNEL(onepass_float64, double, double, 16, AS_IS, 1e150)
+
+#define onepass_bfloat16_READ_PART(a, b, t) onepass_bfloat16_read(x, a, b, &parts[t]);
+#define onepass_bfloat16_CENTRED_PART(a, b, t) onepass_bfloat16_centred(x, a, b, mean, sums[t]);
+DEFINE_KERNEL(onepass_bfloat16, uint16_t, float, 32, from_bf16, 1e18)
+
+#ifdef __FLT16_MAX__ /* the compiler has _Float16 */
+#define onepass_float16_READ_PART(a, b, t) onepass_float16_read(x, a, b, &parts[t]);
+#define onepass_float16_CENTRED_PART(a, b, t) onepass_float16_centred(x, a, b, mean, sums[t]);
+DEFINE_KERNEL(onepass_float16, _Float16, float, 32, AS_FLOAT, 1e18)
+int onepass_has_float16(void) { return 1; }
+#else
+int onepass_has_float16(void) { return 0; }
+#endif

@@ -1,0 +1,278 @@
+"""Statistics: the one-pass kernel and the torch path agree with float64 references, the
+precision cases of issue 9 hold, and the kernel is built in the background, never waited for."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_fresh_python
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import singlecard_nb as scn
+from singlecard_nb.inspection import native, stats
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if not native.wait(120):
+        pytest.skip(f"no one-pass kernel here: {native.status()}")
+    return native.kernels()
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path(request, monkeypatch):
+    """Run a test once with the kernel built and once with torch reductions only."""
+    if request.param == "kernel":
+        request.getfixturevalue("kernels")
+    else:
+        monkeypatch.setattr(native, "kernels", lambda: {})
+    return request.param
+
+
+def reference(x: torch.Tensor) -> list[float]:
+    """VALUES in float64 with torch, the slow and obvious way."""
+    d = x.detach().double().reshape(-1)
+    nan, inf = int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
+    lo, hi = (math.nan, math.nan) if nan else (d.min().item(), d.max().item())
+    std = d.std().item() if d.numel() > 1 and nan + inf == 0 else math.nan
+    return [d.mean().item(), std, lo, hi, max(abs(lo), abs(hi)), nan, inf,
+            float((d == 0).sum()) / d.numel()]
+
+
+def taken(x: torch.Tensor, **kwargs) -> list[float]:
+    """VALUES as the engine records them for `x` (one StepStats, one slot)."""
+    step = stats.StepStats(**kwargs)
+    slot = step.add(x, tuple(x.shape))
+    return step.table([slot])[0].tolist()
+
+
+def assert_close(got: list[float], want: list[float], rel: float = 1e-6) -> None:
+    names = stats.VALUES
+    for name, g, w in zip(names, got, want):
+        if math.isnan(w):
+            assert math.isnan(g), f"{name}: {g} instead of NaN"
+        elif name in ("min", "max", "absmax", "nan", "inf", "zeros"):
+            assert g == w, f"{name}: {g} instead of exactly {w}"
+        else:
+            assert g == pytest.approx(w, rel=rel, abs=1e-12), f"{name}: {g} instead of {w}"
+
+
+def values(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    x = torch.randn(n, dtype=torch.float64) * 3 + 0.5
+    x[3::7] = 0.0
+    x[5::11] = -0.0  # a zero too
+    return x.to(dtype)
+
+
+SIZES = [1, 31, 4097, stats.SMALL_NUMEL + 1, 100_003, 300_001]  # 300_001: split over threads
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_statistics_equal_float64_references(path, n, dtype):
+    x = values(n, dtype)
+    # half types: the reference sums the same rounded values in float64
+    assert_close(taken(x), reference(x), rel=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed", "sliced", "expanded"])
+def test_any_memory_layout(path, layout):
+    torch.manual_seed(3)
+    base = torch.randn(4, 8, 40, 40)
+    x = {"channels_last": base.to(memory_format=torch.channels_last),
+         "transposed": base.transpose(1, 3),
+         "sliced": base[:, :, ::2],
+         "expanded": base[:1].expand(4, -1, -1, -1)}[layout]
+    assert stats._one_block(x) == (layout in ("channels_last", "transposed"))
+    assert_close(taken(x), reference(x), rel=1e-5)
+
+
+@pytest.mark.parametrize("n", [100, 100_003])
+def test_nan_and_inf_are_counted_on_both_paths(path, n):
+    x = values(n, torch.float32)
+    x[5], x[9], x[n - 1] = math.nan, math.inf, -math.inf
+    got = taken(x)
+    assert got[5:7] == [1, 2] and math.isnan(got[0]) and math.isnan(got[1])
+    assert math.isnan(got[2]) and math.isnan(got[3])  # torch's min/max with a NaN inside
+    y = values(n, torch.float32)
+    y[3] = math.inf
+    got = taken(y)
+    assert got[5:7] == [0, 1] and got[3] == math.inf and got[0] == math.inf
+
+
+# --- issue 9: std that overflowed, cancelled, or was not 0 for a constant ---------------------
+def frame_row(x: torch.Tensor, **kwargs):
+    model = nn.Sequential(nn.Identity())
+    with scn.inspect(model, **kwargs) as insp:
+        model(x)
+    return insp.frame().query("module == '0' and io == 'output'").iloc[0]
+
+
+@pytest.mark.parametrize("trap", [False, True])
+@pytest.mark.parametrize("n", [1000, 100_000])
+def test_std_of_float32_values_near_1e20_is_finite_and_right(path, n, trap):
+    torch.manual_seed(0)
+    x = torch.randn(n) * 1e20
+    row = frame_row(x, trap=trap)
+    assert row["std"] == pytest.approx(x.double().std().item(), rel=1e-5)
+    assert row["mean"] == pytest.approx(x.double().mean().item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("n", [1000, 100_000])
+def test_std_of_tiny_values_does_not_underflow(path, n):
+    torch.manual_seed(0)
+    x = torch.randn(n) * 1e-25  # vanishing gradients: squares below float32's range
+    row = frame_row(x)
+    assert row["std"] == pytest.approx(x.double().std().item(), rel=1e-5, abs=0)
+
+
+@pytest.mark.parametrize("n", [1000, 100_000])
+def test_std_of_bfloat16_with_mean_far_above_std(path, n):
+    torch.manual_seed(0)
+    x = (torch.randn(n) + 100).bfloat16()
+    row = frame_row(x)
+    assert row["std"] == pytest.approx(x.double().std().item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("mean", [1e3, 1e4, 1e6])
+@pytest.mark.parametrize("n", [5000, 100_000, 300_000])
+def test_std_when_the_mean_is_far_above_the_std(path, n, mean):
+    torch.manual_seed(1)
+    x = torch.randn(n) + mean
+    row = frame_row(x)
+    assert row["std"] == pytest.approx(x.double().std().item(), rel=1e-4)
+    assert row["mean"] == pytest.approx(x.double().mean().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("trap", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1000, 16384, 100_000])
+def test_constant_tensors_have_zero_std_and_their_value_as_mean(path, n, dtype, trap):
+    x = torch.full((n,), 7.1, dtype=dtype)
+    row = frame_row(x, trap=trap)
+    assert row["std"] == 0.0
+    assert row["mean"] == x[0].item()
+
+
+def test_exact_std_agrees_with_the_two_pass_formula(path):
+    torch.manual_seed(2)
+    x = torch.randn(200_000) * 0.01 + 3
+    got = taken(x, exact_std=True)
+    assert got[1] == pytest.approx(x.double().std().item(), rel=1e-6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.lists(st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                               st.sampled_from([0.0, -0.0, 1.0, -1.0])),
+                     min_size=1, max_size=600),
+       repeat=st.integers(1, 60))
+def test_both_paths_agree_with_float64_on_random_values(kernels, data, repeat):
+    x = torch.tensor(data * repeat, dtype=torch.float32)
+    want = reference(x)
+    for got in (taken(x), taken(x, kernels={})):
+        for name, g, w in zip(stats.VALUES, got, want):
+            if math.isnan(w):
+                assert math.isnan(g), name
+            else:
+                spread = 1e-6 * (abs(want[0]) + abs(want[1]))  # float32 sums' resolution
+                assert g == pytest.approx(w, rel=1e-4, abs=spread), name
+
+
+def test_kernel_is_safe_from_several_threads(kernels):
+    # sizes on both sides of GIL_RELEASE_NUMEL: calls that keep the GIL and calls that drop it
+    tensors = [values(60_000 + 2_000 * i, torch.float32, seed=i) for i in range(8)]
+    wanted = [reference(x) for x in tensors]
+    failures = []
+
+    def work(i):
+        for _ in range(20):
+            got = taken(tensors[i])
+            try:
+                assert_close(got, wanted[i], rel=1e-5)
+            except AssertionError as e:
+                failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_finish_turns_raw_rows_into_values():
+    raw = np.array([[1.0, 5.0, 3.0, 0.0, 8.0, 0, 0, 3],  # mean 3, centred squares 8 over n=3
+                    [2.0, 2.0, 1.9, 0.3, 0.01, 0, 0, 4]])  # constant: exactly 2 and 0
+    got = stats.finish(raw, np.array([3, 4]))
+    assert got[0].tolist() == [3.0, 2.0, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0]
+    assert got[1].tolist() == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
+
+
+# --- the build: in the background, said once when it fails, off on request ---------------------
+LARGE_STEPS = textwrap.dedent("""
+    import json, time, warnings, torch
+    from torch import nn
+    import singlecard_nb as scn
+    from singlecard_nb.inspection import native
+    torch.manual_seed(0)
+    x = torch.randn(64, 4096) * 2 + 1
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with scn.inspect(model) as insp:
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                model(x)
+                insp.step()
+                times.append(time.perf_counter() - start)
+            building = native.status()
+            ready = native.wait(120)
+            model(x)
+    frame = insp.frame()
+    row = frame.query("module == '1'").iloc[-1]
+    y = model(x).detach().double()
+    print(json.dumps({"times": times, "building": building, "ready": ready,
+                      "status": native.status(), "rows": len(frame),
+                      "warnings": [str(w.message) for w in caught],
+                      "std_error": abs(row["std"] - y.std().item()) / y.std().item(),
+                      "threads": [t.name for t in __import__("threading").enumerate()]}))
+""")
+
+
+@pytest.mark.slow
+def test_first_steps_run_while_the_kernel_builds(tmp_path):
+    slow_cc = tmp_path / "slow-cc"
+    slow_cc.write_text("#!/bin/sh\nsleep 4\nexec cc \"$@\"\n")
+    slow_cc.chmod(0o755)
+    out, _ = run_fresh_python(LARGE_STEPS, CC=str(slow_cc))
+    assert "building" in out["building"]  # three steps done, the compiler still busy
+    assert max(out["times"]) < 3.5, out["times"]  # none waited for the 4 s compiler
+    assert out["ready"] and "one-pass kernel for" in out["status"]
+    assert out["rows"] == 4 * 4 and out["std_error"] < 1e-5 and not out["warnings"]
+
+
+@pytest.mark.slow
+def test_a_failed_build_falls_back_to_torch_and_says_so_once():
+    out, _ = run_fresh_python(LARGE_STEPS, CC="false")  # a "compiler" that always fails
+    assert not out["ready"]
+    said = [w for w in out["warnings"] if "could not be built" in w]
+    assert len(said) == 1, out["warnings"]
+    assert "torch reductions" in said[0] and "CC" in said[0]
+    assert out["std_error"] < 1e-5 and out["rows"] == 4 * 4
+
+
+@pytest.mark.slow
+def test_the_kernel_can_be_turned_off():
+    out, _ = run_fresh_python(LARGE_STEPS, SINGLECARD_NB_NATIVE="0")
+    assert not out["ready"] and "off" in out["status"] and not out["warnings"]
+    assert "singlecard_nb-native" not in out["threads"]
+    assert out["std_error"] < 1e-5
