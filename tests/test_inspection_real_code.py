@@ -14,6 +14,7 @@ from torch.nn.modules import module as module_globals
 from torch.utils.checkpoint import checkpoint
 
 import singlecard_nb as scn
+from singlecard_nb.inspection import native
 
 
 def mlp():
@@ -111,6 +112,24 @@ def test_inference_mode_forwards_are_recorded():
     last = df.query("step == 1 and module == ''  and io == 'output'").iloc[0]
     assert last["max"] == expected.max().item()
     assert last["mean"] == pytest.approx(expected.mean().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch-reductions"])
+def test_a_step_mixing_inference_mode_and_normal_calls_keeps_every_row(kernel, monkeypatch):
+    # Small tensors are staged in buffers reused across the step: one made under inference_mode
+    # must still take the normal call's copy (torch refuses in-place writes to inference tensors).
+    if kernel:
+        native.wait(120)  # built in the background; without a compiler this is torch again
+    else:
+        monkeypatch.setattr(native, "kernels", lambda: {})
+    model, x = mlp(), torch.randn(5, 8)
+    with scn.inspect(model, steps="manual") as insp:
+        with torch.inference_mode():
+            model(x)
+        model(x)
+        insp.step()
+    assert insp.errors == []
+    assert len(insp.frame().query("io == 'output'")) == 8
 
 
 # --- 3. gradient checkpointing -----------------------------------------------------------------

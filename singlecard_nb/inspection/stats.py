@@ -158,8 +158,11 @@ class _Staging:
         reserved = 0
         if self.filled == self.capacity:
             rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
-            self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
-                                           device=self.device))
+            # A normal tensor even under inference_mode: a step can mix inference_mode calls
+            # with normal ones, and an inference tensor cannot be written outside it.
+            with torch.inference_mode(False):
+                self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
+                                               device=self.device))
             self.filled, self.capacity = 0, rows
             reserved = self.chunks[-1].nbytes
         self.chunks[-1][self.filled].copy_(x)
