@@ -50,3 +50,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "browser" in item.keywords:
                 item.add_marker(skip_browser)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def statistics_kernel_built():
+    """Take statistics the way a user's session does after its first second: with the one-read
+    kernel, built once here, so no test's figures depend on whether a background build happened
+    to finish. Tests of the torch reductions pass `kernels={}`; build behaviour is tested in
+    fresh processes (test_inspection_stats.py)."""
+    from singlecard_nb.inspection import native
+
+    native.wait(120)

@@ -228,9 +228,9 @@ nested = st.recursive(
 
 
 def _tensors(obj):
-    from singlecard_nb.inspection.engine import _walk
+    from singlecard_nb.inspection.structures import walk_tensors
 
-    return [t for _, t in _walk(obj)]
+    return [t for _, t in walk_tensors(obj)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

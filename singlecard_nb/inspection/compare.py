@@ -362,7 +362,7 @@ class Comparison:
         return rows[[c for c in shown if c in rows.columns]]
 
     def _repr_html_(self) -> str:
-        from .engine import html_table
+        from .summary import html_table
 
         parts = [f"<div class='singlecard-compare'><p><b>{html.escape(self._headline())}</b></p>",
                  f"<p>{html.escape(self._summary())}</p>"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-import html
 import os
 import sys
 import threading
@@ -41,6 +40,8 @@ from torch.nn.modules.module import register_module_forward_hook
 
 from ..borrow import Borrowed
 from .stats import VALUES, StepStats, reducible
+from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
+from .summary import Summary
 
 # `training` is the module's .training flag at the call (train vs eval); it comes last so that
 # the columns of version 0.1 keep their places.
@@ -50,9 +51,6 @@ COLUMNS = (
 )
 _META = (*COLUMNS[:9], "training")  # the row tuple of one tensor, without statistics and rank
 DEFAULT_MAX_ROWS = 100_000
-MAX_DEPTH = 8  # nesting depth walked inside one output structure
-MAX_TENSORS_PER_OUTPUT = 256  # a list of thousands of tensors is summarised by its first ones
-_MAX_OBJECTS_PER_OUTPUT = 4096  # objects looked at in one structure (lists of ints included)
 # A container's output is the same tensor as a child's, seen a few hooks earlier: remembering
 # only the last few keeps dedupe's weak references from piling up for the garbage collector.
 _SEEN_WINDOW = 64
@@ -154,73 +152,6 @@ def _globs(patterns: str | Sequence[str] | None) -> list[str] | None:
 
 def _matches(path: str, type_name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(type_name, p) for p in patterns)
-
-
-class _Found(list):
-    """(index, tensor) pairs found in a structure; `truncated` when a bound cut the walk short."""
-
-    truncated = False
-
-
-def _walk(obj: Any, index: str = "") -> _Found:
-    """(index, tensor) for the tensors inside a structure; everything else is skipped.
-
-    Each container is visited once (a structure sharing references is walked in linear time),
-    and at most MAX_TENSORS_PER_OUTPUT tensors and _MAX_OBJECTS_PER_OUTPUT objects are looked at.
-    """
-    found = _Found()
-    _visit(obj, index, 0, found, set(), [_MAX_OBJECTS_PER_OUTPUT])
-    return found
-
-
-def _visit(obj: Any, index: str, depth: int, found: _Found, seen: set[int],
-           budget: list[int]) -> None:
-    budget[0] -= 1
-    if budget[0] < 0:
-        found.truncated = True
-        return
-    if isinstance(obj, torch.Tensor):
-        if len(found) < MAX_TENSORS_PER_OUTPUT:
-            found.append((index, obj))
-        else:
-            found.truncated = True
-        return
-    if depth >= MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
-    if id(obj) in seen:
-        return
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        # Hugging Face ModelOutput is a dataclass too: fields read as `.last_hidden_state`.
-        items = [(f"{index}.{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple, PackedSequence
-        items = [(f"{index}.{name}", item) for name, item in zip(obj._fields, obj)]
-    elif isinstance(obj, (list, tuple)):
-        items = [(f"{index}[{i}]", item) for i, item in enumerate(obj[:budget[0] + 1])]
-    elif isinstance(obj, dict):
-        items = []
-        for key, item in obj.items():
-            if len(items) > budget[0]:
-                break
-            items.append((f"{index}[{key!r}]", item))
-    else:
-        return
-    seen.add(id(obj))
-    for item_index, item in items:
-        _visit(item, item_index, depth + 1, found, seen, budget)
-
-
-def _odd_shape(t: torch.Tensor) -> tuple:
-    """The shape of a tensor without one regular shape (nested): ragged sizes are None."""
-    try:
-        return tuple(size if isinstance(size, int) else None for size in t.shape)
-    except RuntimeError:  # a strided nested tensor refuses .shape; ask size by size
-        sizes = []
-        for dim in range(t.dim()):
-            try:
-                sizes.append(t.size(dim))
-            except RuntimeError:
-                sizes.append(None)
-        return tuple(sizes)
 
 
 _OWN_FILES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
@@ -908,7 +839,7 @@ class Inspector:
         key = id(module)
         call = self._recomputed_calls.get(key, 0)
         self._recomputed_calls[key] = call + 1
-        items = [("", output)] if type(output) is torch.Tensor else _walk(output)
+        items = [("", output)] if type(output) is torch.Tensor else walk_tensors(output)
         for index, t in items:
             if t.requires_grad:
                 self._hook_grad(t, target, call, index, module.training)
@@ -935,17 +866,17 @@ class Inspector:
                           training: bool, inputs: Any = None) -> None:
         if io == "input":
             args, kwargs = obj
-            items = _walk(args)
+            items = walk_tensors(args)
             for key, value in kwargs.items():
-                found = _walk(value, f"[{key!r}]")
+                found = walk_tensors(value, f"[{key!r}]")
                 items += found
                 items.truncated |= found.truncated
         else:
-            items = _walk(obj)
+            items = walk_tensors(obj)
         if items.truncated:
             where = repr(target.path) if target.path else "the model"
             self._say("truncated", f"the {io} of {where} holds more than "
-                      f"{MAX_TENSORS_PER_OUTPUT} tensors (or {_MAX_OBJECTS_PER_OUTPUT} objects): "
+                      f"{MAX_TENSORS_PER_OUTPUT} tensors (or {MAX_OBJECTS_PER_OUTPUT} objects): "
                       "only the first are recorded (for this and any other such structure).")
         for index, tensor in items:
             self._record_tensor(target, call, io, index, tensor, training, inputs)
@@ -975,7 +906,7 @@ class Inspector:
                 if self.trap:
                     values = pending.stats.value(slot)
             else:
-                shape = _odd_shape(t)
+                shape = odd_shape(t)
             pending.rows.append((self._step, target.path, target.type_name, call, io, index,
                                  shape, _DTYPE_NAMES.get(dtype) or str(dtype)[6:],
                                  _device_name(t.device), training))
@@ -1004,7 +935,7 @@ class Inspector:
             inputs_finite = None
             if inputs is not None:
                 inputs_finite = all(
-                    bool(torch.isfinite(t).all()) for _, t in _walk(inputs)
+                    bool(torch.isfinite(t).all()) for _, t in walk_tensors(inputs)
                     if reducible(t) and (t.is_floating_point() or t.is_complex()))
             self._flush()
             raise NonFiniteError(target.path, target.type_name, io, index, self._step, call,
@@ -1143,69 +1074,6 @@ def _to_frame(records: Sequence[_StepRecord]):
     columns["rank"] = np.repeat([r.rank for r in records], [len(r.meta) for r in records])
     columns["training"] = meta["training"].astype(bool)
     return pd.concat([meta.iloc[:, :9], pd.DataFrame(columns, index=meta.index)], axis=1)
-
-
-_NOTHING_YET = (
-    "no rows recorded yet. If the model did run: code that torch.compile compiled before "
-    "inspection started runs without module hooks (torch does not re-check them), so inspect "
-    "before compiling, inspect the torch.compile(model) wrapper itself, or call "
-    "torch._dynamo.reset().")
-
-
-class Summary:
-    """Per-module aggregate of an Inspector's rows (output tensors), rendered as a table."""
-
-    def __init__(self, inspector: Inspector):
-        frame = inspector.frame()
-        self.frame = _aggregate(frame)
-        self.notes = list(inspector.notes)  # what could not be recorded as asked
-
-    def _repr_html_(self) -> str:
-        notes = "".join(f"<p><b>singlecard_nb</b>: {html.escape(n)}</p>" for n in self.notes)
-        if self.frame.empty:
-            return f"<p><b>singlecard_nb</b>: {html.escape(_NOTHING_YET)}</p>{notes}"
-        return html_table(self.frame, bad=self.frame["nan"].gt(0) | self.frame["inf"].gt(0)) + notes
-
-    def __repr__(self) -> str:
-        notes = "".join(f"\nsinglecard_nb: {n}" for n in self.notes)
-        if self.frame.empty:
-            return f"singlecard_nb: {_NOTHING_YET}{notes}"
-        return self.frame.to_string() + notes
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return "" if value != value else f"{value:.4g}"
-    return html.escape(str(value))
-
-
-def html_table(frame, bad=None) -> str:
-    """A compact HTML table of a DataFrame; rows where `bad` is true are highlighted."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = []
-    for i, row in enumerate(frame.itertuples(index=False)):
-        style = ' style="background:#fdd"' if bad is not None and bool(bad.iloc[i]) else ""
-        body.append(f"<tr{style}>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>")
-    return (f'<table class="singlecard-nb"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
-
-
-def _aggregate(frame):
-    import pandas as pd
-
-    outputs = frame[frame["io"] == "output"]
-    if outputs.empty:
-        return pd.DataFrame()
-    # train and eval calls of a module are aggregated apart
-    grouped = outputs.groupby(["module", "type", "index", "training"], sort=False, dropna=False)
-    table = grouped.agg(
-        steps=("step", "nunique"), calls=("call", "max"), shape=("shape", "last"),
-        dtype=("dtype", "last"), mean=("mean", "mean"), std=("std", "mean"),
-        min=("min", "min"), max=("max", "max"), absmax=("absmax", "max"),
-        nan=("nan", "sum"), inf=("inf", "sum"), zeros=("zeros", "mean"),
-    )
-    table["calls"] = table["calls"] + 1
-    return table.reset_index()
 
 
 def _eager(fn: Callable) -> Callable:

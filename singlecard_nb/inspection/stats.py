@@ -25,8 +25,9 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 
 Exactness: min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
 float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
-std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so mean and std
-have relative errors below 1e-5 and 1e-4 at worst (a float32 block sum), typically 1e-7. A
+std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so std has a
+relative error below 1e-4 at worst, and mean an error below 1e-5 of the values' spread (a float32
+block sum of deviations: a mean near zero is not known to 1e-5 of itself), both typically 1e-7. A
 constant tensor gets std exactly 0 and its value as mean. `exact_std=True` always takes the
 second pass.
 """
