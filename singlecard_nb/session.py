@@ -27,6 +27,7 @@ __all__ = ["pin", "release", "current", "device", "status", "single_card", "unwr
            "TargetError", "gpus"]
 
 _SINGLE_CARD = f"{__package__}.parallel.single_card"
+_NATIVE = f"{__package__}.inspection.native"  # inspection's one-read statistics kernel
 
 current = pinning.current
 device = pinning.device
@@ -128,5 +129,8 @@ def status() -> report.Status:
     parallel = _parallel().report() if _SINGLE_CARD in sys.modules else None
     active = [(owner.name, list(dict.fromkeys(owner.describe())))  # a label once, however many
               for owner in borrow.active_owners()]
+    # The same for inspection: its kernel is only reported once inspection has been used.
+    native = sys.modules.get(_NATIVE)
+    statistics = native.status() if native is not None else None
     return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
-                               parallel=parallel)
+                               parallel=parallel, statistics=statistics)

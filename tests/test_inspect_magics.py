@@ -55,6 +55,18 @@ def test_inspect_across_cells_then_show_and_off(ip, capsys):
     assert ip.events.callbacks["post_run_cell"].count(magics(ip)._flush_callback) == 0
 
 
+def test_params_option_records_parameters_after_each_optimiser_step(ip):
+    run(ip, "insp = %inspect model --params\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for _ in range(2):\n"
+            "    model(x).sum().backward(); opt.step(); opt.zero_grad()")
+    df = ip.user_ns["insp"].frame()
+    weight = df.query("io == 'param' and module == '2' and index == 'weight' and step == 1")
+    assert weight["mean"].iloc[0] == pytest.approx(
+        ip.user_ns["model"][2].weight.double().mean().item(), rel=1e-6, abs=1e-7)
+    assert "step_grad" in set(df.io)
+
+
 def test_last_step_of_a_cell_reaches_the_host_when_the_cell_ends(ip):
     run(ip, "%inspect model")
     run(ip, "model(x)")

@@ -242,6 +242,7 @@ LARGE_STEPS = textwrap.dedent("""
     y = model(x).detach().double()
     print(json.dumps({"times": times, "building": building, "ready": ready,
                       "status": native.status(), "rows": len(frame),
+                      "singlecard_status": repr(scn.status()),
                       "warnings": [str(w.message) for w in caught],
                       "std_error": abs(row["std"] - y.std().item()) / y.std().item(),
                       "threads": [t.name for t in __import__("threading").enumerate()]}))
@@ -268,6 +269,10 @@ def test_a_failed_build_falls_back_to_torch_and_says_so_once():
     assert len(said) == 1, out["warnings"]
     assert "torch reductions" in said[0] and "CC" in said[0]
     assert out["std_error"] < 1e-5 and out["rows"] == 4 * 4
+    # and `%singlecard status` keeps saying it, after the one warning
+    status_line = next(line for line in out["singlecard_status"].splitlines()
+                       if line.strip().startswith("statistics"))
+    assert "could not be built" in status_line
 
 
 @pytest.mark.slow

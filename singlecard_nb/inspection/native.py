@@ -77,6 +77,8 @@ def wait(timeout: float | None = None) -> bool:
 
 def status() -> str:
     """One line: whether reductions use the kernel, and why not."""
+    if not _started:
+        return "one-pass kernel not built yet: it starts building with the first CPU tensor"
     if not _ready.is_set():
         return "building the one-pass kernel (torch reductions until it is ready)"
     if _kernels:

@@ -26,6 +26,9 @@ def _options(func):
                  help="Skip modules whose path or class matches (repeatable)."),
         argument("--grads", action="store_true",
                  help="Also record output gradients and parameter gradients."),
+        argument("--params", action="store_true",
+                 help="Also record parameters after each optimiser step and the gradients it "
+                      "used (what scn.compare_ranks checks)."),
         argument("--trap", action="store_true",
                  help="Raise NonFiniteError at the first NaN/Inf output or gradient."),
         argument("--live", action="store_true",
@@ -174,7 +177,7 @@ class InspectMagics(Magics):
         try:
             return Inspector(model, include=args.include, exclude=args.exclude,
                              every=args.every, grads=args.grads, trap=args.trap,
-                             max_rows=args.max_rows)
+                             max_rows=args.max_rows, params=args.params)
         except (TypeError, ValueError) as e:  # e.g. a TorchScript module
             raise UsageError(f"%inspect: {e}") from None
 

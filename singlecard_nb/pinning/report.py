@@ -53,6 +53,7 @@ class Status:
     parallel: dict[str, Any] | None = None  # parallel.report() when single-card code is loaded
     allocation: str | None = None  # what the kernel's own CUDA_VISIBLE_DEVICES allows, in words
     machine_error: str | None = None  # why the GPUs could not be read (a broken machine file)
+    statistics: str | None = None  # how inspection takes statistics, when it has been used
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, text) pairs: the content both renderings show."""
@@ -94,6 +95,8 @@ class Status:
                                     f"single-card mode requested: {'yes' if self.single_card else 'no'}"))
         if self.parallel is not None:
             rows += _parallel_rows(self.parallel)
+        if self.statistics is not None:
+            rows.append(("statistics", self.statistics))
         active = "; ".join(f"{name}: {', '.join(labels)}" for name, labels in self.active)
         rows.append(("active changes", active or "none"))
         return rows
@@ -181,10 +184,12 @@ def build_status(
     *,
     active: list[tuple[str, list[str]]] | None = None,
     parallel: dict[str, Any] | None = None,
+    statistics: str | None = None,
 ) -> Status:
     """A `Status` for `state` (None: not pinned) and the environment `environ`.
 
     active: (owner, change labels) of everything borrowed. parallel: single-card mode's report.
+    statistics: how inspection takes statistics (its one-read kernel, or why not).
     """
     environ = os.environ if environ is None else environ
     now = {name: environ.get(name) for name in _ENV_VARS}
@@ -198,7 +203,7 @@ def build_status(
             mig_uuid=None, torch_device=None, reason="", hard=False, env_before=now,
             env_after=now, driver_started=driver.started, driver_how=driver.how, memory=None,
             active=active, parallel=parallel, allocation=allocation,
-            machine_error=machine_error,
+            machine_error=machine_error, statistics=statistics,
         )
     gpu = state.gpu
     return Status(
@@ -212,5 +217,5 @@ def build_status(
         driver_started=driver.started, driver_how=driver.how,
         memory=_memory(state, machine), default_device=state.default_device,
         single_card=state.single_card, active=active, parallel=parallel,
-        allocation=allocation, machine_error=machine_error,
+        allocation=allocation, machine_error=machine_error, statistics=statistics,
     )
