@@ -129,8 +129,8 @@ def status() -> report.Status:
     parallel = _parallel().report() if _SINGLE_CARD in sys.modules else None
     active = [(owner.name, list(dict.fromkeys(owner.describe())))  # a label once, however many
               for owner in borrow.active_owners()]
-    # The same for inspection: its kernel is only reported once inspection has been used.
+    # The same for inspection: its kernel is reported once inspection has met a CPU tensor.
     native = sys.modules.get(_NATIVE)
-    statistics = native.status() if native is not None else None
+    statistics = native.status() if native is not None and native.started() else None
     return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
                                parallel=parallel, statistics=statistics)
