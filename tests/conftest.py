@@ -25,6 +25,16 @@ def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
+@pytest.fixture
+def shown(monkeypatch) -> list:
+    """What `%singlecard` passed to IPython's display() (a module may define its own `shown`)."""
+    from singlecard_nb.notebook import magics
+
+    objects: list = []
+    monkeypatch.setattr(magics, "display", objects.append)
+    return objects
+
+
 def _has_gpu() -> bool:
     # Ask NVML, never torch.cuda: a test session must not start CUDA by itself.
     try:

@@ -12,7 +12,6 @@ from conftest import run_fresh_python
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from singlecard_nb.notebook import magics
 from singlecard_nb.pinning import devices, pinning
 from singlecard_nb.pinning.devices import Machine
 from singlecard_nb.pinning.report import Status
@@ -23,13 +22,6 @@ GPU0 = "GPU-2f6d2c1a-3b4c-4d5e-8f90-1a2b3c4d5e6f"
 GPU2 = "GPU-8a1b0c9d-7e6f-4a5b-8c7d-6e5f4a3b2c1d"
 MIG_SMALL = "MIG-5c3b1a2d-9e8f-5a6b-9c0d-1e2f3a4b5c6d"
 MIG_BIG = "MIG-5c3c7d8e-1f2a-5b3c-8d4e-5f6a7b8c9d0e"
-
-
-@pytest.fixture
-def shown(monkeypatch) -> list:
-    objects: list = []
-    monkeypatch.setattr(magics, "display", objects.append)
-    return objects
 
 
 @pytest.fixture

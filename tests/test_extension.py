@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from singlecard_nb import borrow, session
-from singlecard_nb.notebook import magics, picker, watch
+from singlecard_nb.notebook import picker, watch
 from singlecard_nb.pinning import devices, pinning
 from singlecard_nb.pinning.devices import Machine
 from singlecard_nb.pinning.report import Status
@@ -26,14 +26,6 @@ ROOT = Path(__file__).parent.parent
 GPU1 = "GPU-2f6e9b7d-1c2d-4e3f-9a0b-c1d2e3f4a5b6"
 GPU2 = "GPU-8a1b0c9d-7e6f-4a5b-8c7d-6e5f4a3b2c1d"
 MIG_BIG = "MIG-5c3c7d8e-1f2a-5b3c-8d4e-5f6a7b8c9d0e"
-
-
-@pytest.fixture
-def shown(monkeypatch) -> list:
-    """What the magic passed to IPython's display()."""
-    objects: list = []
-    monkeypatch.setattr(magics, "display", objects.append)
-    return objects
 
 
 @pytest.fixture

@@ -35,13 +35,6 @@ BAD_FILES = {
 
 
 @pytest.fixture
-def shown(monkeypatch) -> list:
-    objects: list = []
-    monkeypatch.setattr(magics, "display", objects.append)
-    return objects
-
-
-@pytest.fixture
 def machine_file(tmp_path, monkeypatch, shown):
     """Point SINGLECARD_NB_MACHINE at a file; `write(content)` fills it (the path is returned)."""
     for name in ("SINGLECARD_NB_DEVICE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):

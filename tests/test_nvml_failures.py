@@ -10,7 +10,7 @@ from fake_nvml import GPU_IS_LOST, NO_PERMISSION, FakeNVML, NVMLError, gpu
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from singlecard_nb.notebook import magics, picker
+from singlecard_nb.notebook import picker
 from singlecard_nb.pinning import devices, pinning
 
 GIB = 1024**3
@@ -19,13 +19,6 @@ GIB = 1024**3
 def three_gpus() -> list[dict]:
     return [gpu("GPU-aaaa0000", used=10 * GIB), gpu("GPU-bbbb1111", used=GIB),
             gpu("GPU-cccc2222", used=5 * GIB)]
-
-
-@pytest.fixture
-def shown(monkeypatch) -> list:
-    objects: list = []
-    monkeypatch.setattr(magics, "display", objects.append)
-    return objects
 
 
 @pytest.fixture

@@ -805,17 +805,13 @@ class Inspector:
                       "submodule you call.")
 
     def _on_forward(self, module, args, kwargs, output) -> None:
-        target = self._hooked.get(id(module))
-        if target is None or not self._recording or _is_compiling():
-            return
-        if self._depth and self._thread == _get_ident():
-            self._record_call(target, module, args, kwargs, output)
-        else:
-            self._on_outside_call(target, module, args, kwargs, output)
+        self._on_target_call(self._hooked.get(id(module)), module, args, kwargs, output)
 
     def _on_own_forward(self, module, args, kwargs, output) -> None:
         """A module with forward hooks of its own: runs after them (see _attach_late)."""
-        target = self._targets.get(id(module))
+        self._on_target_call(self._targets.get(id(module)), module, args, kwargs, output)
+
+    def _on_target_call(self, target, module, args, kwargs, output) -> None:
         if target is None or not self._recording or _is_compiling():
             return
         if self._depth and self._thread == _get_ident():
