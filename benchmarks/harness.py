@@ -419,7 +419,7 @@ def one_pass(t: torch.Tensor) -> Any:
     RAW row); raises KeyError when the kernel is not built (no C compiler)."""
     from singlecard_nb.inspection import native
 
-    native.kernels()[t.dtype](t, t.numel(), False, ctypes.addressof(_RAW_ROW))
+    native.kernels()[t.dtype](t.data_ptr(), t.numel(), False, ctypes.addressof(_RAW_ROW))
 
 
 REDUCTIONS: dict[str, Callable[[torch.Tensor], Any]] = {

@@ -581,8 +581,8 @@ class Inspector:
             if (target is not None and module._forward_hooks
                     and not isinstance(module, torch.jit.ScriptModule)):
                 del self._hooked[id(module)]
-                owner.add_handle(module.register_forward_hook(self._on_own_forward,
-                                                              with_kwargs=True),
+                hook = functools.partial(self._on_forward, own_hooks=True)
+                owner.add_handle(module.register_forward_hook(hook, with_kwargs=True),
                                  f"forward hook after those of {target.path or 'the model'}")
 
     def _attach_probes(self, owner: Borrowed) -> None:
@@ -804,14 +804,11 @@ class Inspector:
                       "steps='manual' and call insp.step() after each step, or inspect the "
                       "submodule you call.")
 
-    def _on_forward(self, module, args, kwargs, output) -> None:
-        self._on_target_call(self._hooked.get(id(module)), module, args, kwargs, output)
-
-    def _on_own_forward(self, module, args, kwargs, output) -> None:
-        """A module with forward hooks of its own: runs after them (see _attach_late)."""
-        self._on_target_call(self._targets.get(id(module)), module, args, kwargs, output)
-
-    def _on_target_call(self, target, module, args, kwargs, output) -> None:
+    def _on_forward(self, module, args, kwargs, output, own_hooks: bool = False) -> None:
+        """The global forward hook; with `own_hooks`, the hook of a module with forward hooks of
+        its own, which runs after them (see _attach_late). One body for both: this runs once
+        per module call, where each Python frame counts."""
+        target = (self._targets if own_hooks else self._hooked).get(id(module))
         if target is None or not self._recording or _is_compiling():
             return
         if self._depth and self._thread == _get_ident():
@@ -908,9 +905,10 @@ class Inspector:
                     values = pending.stats.value(slot)
             else:
                 shape = odd_shape(t)
+            device = t.device
             pending.rows.append((self._step, target.path, target.type_name, call, io, index,
                                  shape, _DTYPE_NAMES.get(dtype) or str(dtype)[6:],
-                                 _device_name(t.device), training))
+                                 _DEVICE_NAMES.get(device) or _device_name(device), training))
             pending.slots.append(slot)
             full = len(pending.rows) >= self.max_rows
             if target.hist and io == "output" and slot is not None and t.numel():

@@ -3,7 +3,9 @@
 Taking min, max, sum, sum of squares and the zero count with torch costs about five reads of
 a tensor plus temporaries; `onepass.c` reads it once (measured in benchmarks/README.md). It is
 compiled with the system C compiler (`$CC`, else cc, gcc or clang) into a temporary folder,
-loaded with ctypes, checked against torch on a known tensor, and the folder is deleted. The
+as a Python extension module (`onepass_module.c`) where Python's headers are installed, else as
+a plain library loaded with ctypes; it is checked against torch on a known tensor, and the
+folder is deleted. The
 build runs in a daemon thread, started by the first CPU tensor to reduce (`start()`), so no
 step ever waits for it: `kernels()` stays empty until it is ready, and the caller reduces with
 torch meanwhile.
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib.util
 import math
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import warnings
@@ -31,8 +36,10 @@ import torch
 ENV = "SINGLECARD_NB_NATIVE"
 COMPILE_TIMEOUT_S = 120
 
-# kernel(t, n, exact, address): writes stats.RAW of t's n values (8 doubles) at `address`
-Kernel = Callable[[torch.Tensor, int, bool, int], None]
+# kernel(data_ptr, n, exact, address): writes stats.RAW (8 doubles) of the n values that fill
+# one dense block of memory from data_ptr at `address`, which stays valid (and is not shared)
+# during the call. The caller keeps the tensor alive during the call.
+Kernel = Callable[[int, int, bool, int], None]
 
 _lock = threading.Lock()
 _started = False
@@ -129,35 +136,79 @@ def _shares_torch_openmp() -> bool:
 
 def _build() -> dict[torch.dtype, Kernel]:
     cc = _compiler()
-    source = resources.files(__package__).joinpath("onepass.c").read_text()
     # Most to least specific; the first that compiles wins. Never -ffast-math: NaN must stay NaN.
-    attempts = [["-march=native"], []]
+    flag_sets = [["-march=native"], []]
     if _shares_torch_openmp():
-        attempts.insert(0, ["-march=native", "-fopenmp"])
+        flag_sets.insert(0, ["-march=native", "-fopenmp"])
+    # The extension module first: a call costs ~0.1 us against ~0.5 us through ctypes, which
+    # matters for the many small tensors of a model's step. Without Python's headers (Debian's
+    # python3 without python3-dev), the same kernels load through ctypes.
+    builds = [("onepass.c", [], _load_library)]
+    headers = _python_headers()
+    if headers is not None:
+        builds.insert(0, ("onepass_module.c", [f"-I{headers}", *_EXTENSION_FLAGS], _load_module))
     folder = tempfile.mkdtemp(prefix="singlecard_nb-")
     atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
     try:
-        src = Path(folder, "onepass.c")
-        src.write_text(source)
-        for i, flags in enumerate(attempts):
-            lib_path = Path(folder, f"onepass{i}.so")
-            done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, str(src), "-o",
-                                   str(lib_path)], capture_output=True, text=True,
-                                  timeout=COMPILE_TIMEOUT_S)
-            if done.returncode == 0:
-                # Loaded twice (the same library): through CDLL, calls release the GIL, so other
-                # Python threads run during a long read; through PyDLL they keep it, which
-                # saves ~0.4 us per call on the small tensors that take a microsecond.
-                lib = ctypes.CDLL(str(lib_path))  # both stay loaded after the file is deleted
-                keeping_gil = ctypes.PyDLL(str(lib_path))
-                break
-        else:
-            last = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-            raise RuntimeError(f"{cc} failed: {last[0]}")
+        package = resources.files(__package__)
+        for name in ("onepass.c", "onepass_module.c"):
+            Path(folder, name).write_text(package.joinpath(name).read_text())
+        error = ""
+        for source, extra, load in builds:
+            for i, flags in enumerate(flag_sets):
+                lib_path = Path(folder, f"{Path(source).stem}{i}.so")
+                done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, *extra,
+                                       str(Path(folder, source)), "-o", str(lib_path)],
+                                      capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+                if done.returncode != 0:
+                    last = done.stderr.strip().splitlines()[-1:]
+                    error = last[0] if last else f"exit status {done.returncode}"
+                    continue
+                try:
+                    kernels = load(lib_path)  # stays loaded after the file is deleted
+                except (ImportError, OSError) as e:  # e.g. headers of another Python
+                    error = f"{type(e).__name__}: {e}"
+                    break  # the next way of building
+                _self_test(kernels)
+                return kernels
+        raise RuntimeError(f"{cc} failed: {error}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # a loaded library may stay (Windows)
+
+
+# macOS links an extension's Python symbols when it is loaded, as Linux does by default.
+_EXTENSION_FLAGS = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _python_headers() -> str | None:
+    """The folder with this Python's Python.h, or None: then the ctypes build is used. Not on
+    Windows (no cc there anyway) nor on a free-threaded Python, where importing an extension
+    that does not declare itself thread-safe would turn the GIL back on for the whole process."""
+    if sys.platform == "win32" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    include = sysconfig.get_paths().get("include")
+    return include if include and Path(include, "Python.h").is_file() else None
+
+
+def _load_module(path: Path) -> dict[torch.dtype, Kernel]:
+    spec = importlib.util.spec_from_file_location("_onepass", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path.name} as a module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {dtype: getattr(module, str(dtype)[6:]) for dtype in _DTYPES
+            if hasattr(module, str(dtype)[6:])}
+
+
+def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
+    # Loaded twice (the same library): through CDLL, calls release the GIL, so other Python
+    # threads run during a long read; through PyDLL they keep it, which saves ~0.4 us per call
+    # on the small tensors that take a microsecond.
+    lib = ctypes.CDLL(str(path))
+    keeping_gil = ctypes.PyDLL(str(path))
     kernels = {}
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    for dtype in _DTYPES:
         if dtype is torch.float16 and not lib.onepass_has_float16():
             continue
         name = f"onepass_{str(dtype)[6:]}"
@@ -166,7 +217,6 @@ def _build() -> dict[torch.dtype, Kernel]:
             fn.restype = None
             fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
         kernels[dtype] = _bind(*fns)
-    _self_test(kernels)
     return kernels
 
 
@@ -174,10 +224,8 @@ GIL_RELEASE_NUMEL = 1 << 16  # from this size (~10 us of reading) other threads 
 
 
 def _bind(small, large) -> Kernel:
-    def run(t: torch.Tensor, n: int, exact: bool, address: int) -> None:
-        """`t`: a CPU tensor whose n elements fill one dense block of memory from data_ptr();
-        `address`: room for 8 doubles that stays valid (and is not shared) during the call."""
-        (small if n < GIL_RELEASE_NUMEL else large)(t.data_ptr(), n, exact, address)
+    def run(data_ptr: int, n: int, exact: bool, address: int) -> None:
+        (small if n < GIL_RELEASE_NUMEL else large)(data_ptr, n, exact, address)
 
     return run
 
@@ -192,6 +240,6 @@ def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
         mean = d.mean().item()
         expected = (d.min().item(), d.max().item(), mean, 0.0, ((d - mean) ** 2).sum().item(),
                     0.0, 0.0, float((d != 0).sum()))
-        run(t, t.numel(), False, ctypes.addressof(out))
+        run(t.data_ptr(), t.numel(), False, ctypes.addressof(out))
         if not all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9) for a, b in zip(out, expected)):
             raise RuntimeError(f"self-test failed for {dtype}: {list(out)} instead of {expected}")

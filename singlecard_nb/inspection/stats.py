@@ -217,8 +217,8 @@ class StepStats:
             kernel = self._kernels.get(t.dtype)
             if kernel is not None:
                 try:  # a strided view is copied first: still fewer reads than torch's
-                    kernel(t if _one_block(t) else t.contiguous(), n, self.exact_std,
-                           self._row_address(slot))
+                    block = t if _one_block(t) else t.contiguous()  # alive during the call
+                    kernel(block.data_ptr(), n, self.exact_std, self._row_address(slot))
                     return slot
                 except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
                     pass
@@ -233,7 +233,7 @@ class StepStats:
         if on_cpu:
             kernel = self._kernels.get(v.dtype) if real is not None else None
             if kernel is not None:  # a converted copy (integers, complex magnitudes)
-                kernel(v, n, self.exact_std, self._row_address(slot))
+                kernel(v.data_ptr(), n, self.exact_std, self._row_address(slot))
             else:
                 self._raw[slot] = self._reduce_cpu(v, n)
         elif immediate:  # the trap reads at once: this synchronises, as documented
