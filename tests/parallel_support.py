@@ -62,7 +62,10 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
     if cpu:
         names = ("synchronize", "manual_seed", "manual_seed_all", "memory_stats",
                  "memory_summary", "mem_get_info", *cuda_on_cpu._ZERO_COUNTERS,
-                 *cuda_on_cpu._RESETS)
+                 *cuda_on_cpu._RESETS, "Event", "Stream", "current_stream", "default_stream",
+                 "stream", "set_stream", "get_rng_state", "set_rng_state", "get_rng_state_all",
+                 "set_rng_state_all", "seed", "seed_all", "initial_seed", "current_device",
+                 "get_device_name", "_lazy_init")
         objects.update({f"torch.cuda.{n}": getattr(torch.cuda, n) for n in names})
         objects["autocast.__init__"] = _own(torch.amp.autocast_mode.autocast, "__init__")
         objects["GradScaler.__init__"] = _own(torch.amp.GradScaler, "__init__")

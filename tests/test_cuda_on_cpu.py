@@ -109,3 +109,59 @@ def test_availability_stays_truthful_so_libraries_take_their_cpu_path():
         assert torch.cuda.device_count() == 0
     torch.backends.cudnn.benchmark = True  # accepted; there is no cuDNN on the CPU
     torch.backends.cudnn.benchmark = False
+
+
+def test_cuda_events_time_cpu_work_and_streams_have_nothing_to_wait_for():
+    """The timing idiom of training scripts: events around a step, a side stream, a sync."""
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match="Event.*CPU's clock"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    assert isinstance(start, torch.cuda.Event)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    start.record()
+    with torch.cuda.stream(side):
+        x = torch.randn(256, 256, device="cuda")
+        for _ in range(20):
+            x = x @ x.T / 256
+    torch.cuda.current_stream().wait_stream(side)
+    done = side.record_event()
+    end.record()
+    end.synchronize()
+    assert done.query() and torch.cuda.default_stream().query()
+    assert 0 < start.elapsed_time(end) < 10_000  # milliseconds, of real CPU work
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.cuda.Event().elapsed_time(end)
+    kinds = " ".join(parallel.report()["notices"])
+    assert "CPU's clock" in kinds and "CPU's one stream" in kinds
+
+
+def test_cuda_random_state_round_trips_through_the_cpu_generator():
+    parallel.enable(CPU)
+    state = torch.cuda.get_rng_state()
+    first = torch.randn(5, device="cuda")
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(torch.randn(5, device="cuda"), first)
+    torch.cuda.set_rng_state_all(torch.cuda.get_rng_state_all())  # a checkpoint's "all" form
+    gpu_state = torch.zeros(16, dtype=torch.uint8)  # what a GPU's generator state looks like
+    before = torch.get_rng_state()
+    with pytest.warns(UserWarning, match="GPU generator's state.*left as it was"):
+        torch.cuda.set_rng_state(gpu_state)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_current_device_is_the_cpu_and_calls_that_need_a_gpu_say_what_to_change():
+    parallel.enable(CPU)
+    device = torch.cuda.current_device()
+    assert device == 0 and torch.randn(2).to(device).device == CPU  # a script's usual next line
+    assert "CPU" in torch.cuda.get_device_name(device)
+    if HAS_CUDA:
+        return  # CUDA works in this process: nothing fails
+    with pytest.raises(RuntimeError, match=r"get_device_properties\(\).*is_available"):
+        torch.cuda.get_device_properties(0)
+    with pytest.raises(AssertionError):  # code that catches torch's CPU-build error still does
+        torch.cuda.get_device_capability()
+    parallel.disable()
+    with pytest.raises((AssertionError, RuntimeError)) as raised:
+        torch.cuda.get_device_properties(0)
+    assert "singlecard_nb" not in str(raised.value)  # torch's own error again once off

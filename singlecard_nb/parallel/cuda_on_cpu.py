@@ -18,6 +18,19 @@ Each decision, and why (also in the README, "Multi-GPU code on one card"):
   available, disabling".
 - `torch.amp.GradScaler("cuda")` and `torch.cuda.amp.GradScaler`: a CPU GradScaler that really
   scales, instead of a disabled one.
+- `torch.cuda.Event(enable_timing=True)`: records the CPU's clock, so `elapsed_time` times
+  the work between two records (CPU work is done when its call returns; `synchronize`, `wait`,
+  `query` have nothing to wait for). Streams (`Stream`, `current_stream`, `default_stream`,
+  `with torch.cuda.stream(s)`, `wait_stream`, `record_event`) run in order on the CPU: nothing
+  to wait for either.
+- `get_rng_state` / `set_rng_state` (and `_all`), `initial_seed`, `seed`: the CPU generator's,
+  as `manual_seed` above; a GPU's saved state (another size) is not forced into it, said once.
+- `current_device()` is 0, the one device of this machine, which device references then map to
+  the CPU; `get_device_name()` says it is the CPU.
+- Any other call that needs a real GPU (`get_device_properties`, `get_device_capability`,
+  `ipc_collect`...) fails with a message that names it and says what to change: guard it with
+  `torch.cuda.is_available()` or pin a GPU. The error is both a RuntimeError and an
+  AssertionError, the two types torch raises there, so code that catches either still does.
 - Not changed: `torch.cuda.empty_cache()` (already does nothing while CUDA is not started),
   `torch.backends.cudnn` flags (accepted; there is no cuDNN on the CPU), and
   `torch.cuda.is_available()` / `device_count()`, which keep saying False / 0 so that libraries
@@ -30,10 +43,12 @@ Every answer is said once per kind and counted in `%singlecard status`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +79,11 @@ def install(owner: Borrowed, device: torch.device, notices: Notices) -> None:
     _patch(owner, "mem_get_info", lambda original: _mem_get_info(notices))
     _patch_autocast(owner, device, notices)
     _patch_grad_scaler(owner, device, notices)
+    _patch_events_and_streams(owner, notices)
+    _patch_rng_state(owner, notices)
+    _patch(owner, "current_device", lambda original: _current_device(notices))
+    _patch(owner, "get_device_name", lambda original: _device_name(notices))
+    _patch(owner, "_lazy_init", _needs_a_gpu)
 
 
 def _patch(owner: Borrowed, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -71,6 +91,7 @@ def _patch(owner: Borrowed, name: str, make: Callable[[Callable], Callable]) -> 
     if original is None:  # an older torch without this call
         return
     label = ("torch.cuda memory counters" if name.startswith(("memory", "max_memory", "reset"))
+             else "torch.cuda random state" if "seed" in name or "rng" in name
              else f"torch.cuda.{name}")
     owner.set_attr(torch.cuda, name, functools.update_wrapper(make(original), original), label)
 
@@ -167,3 +188,194 @@ def _patch_grad_scaler(owner: Borrowed, device: torch.device, notices: Notices) 
 
     owner.set_attr(cls, "__init__", functools.update_wrapper(__init__, original),
                    "torch.amp.GradScaler")
+
+
+# --- events and streams: the CPU's clock, and nothing to wait for ---------------------------
+class CpuEvent:
+    """torch.cuda.Event where the GPU is the CPU: CPU work has finished when its call returns,
+    so recording an event reads the clock and waiting for one returns at once."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, **kwargs: Any) -> None:
+        self.enable_timing = enable_timing
+        self._recorded_at: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._recorded_at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def elapsed_time(self, end_event: CpuEvent) -> float:
+        """Milliseconds from this event's record to `end_event`'s, as CUDA's."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._recorded_at is None or end_event._recorded_at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._recorded_at - self._recorded_at) * 1e3
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Event on the CPU (%singlecard cpu), timing={self.enable_timing}>"
+
+
+class CpuStream:
+    """torch.cuda.Stream where the GPU is the CPU: CPU operations run in order and are done
+    when they return, so a stream has nothing to wait for."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: CpuEvent | None = None) -> CpuEvent:
+        event = CpuEvent() if event is None else event
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return "<torch.cuda.Stream on the CPU (%singlecard cpu)>"
+
+
+def _patch_events_and_streams(owner: Borrowed, notices: Notices) -> None:
+    default = CpuStream()
+
+    def announcing(cls: type, kind: str, note: str) -> type:
+        """`cls` as user code sees it: the notice comes with the first object made."""
+        class Announcing(cls):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                notices.say(kind, note)
+                super().__init__(*args, **kwargs)
+
+        Announcing.__name__ = Announcing.__qualname__ = cls.__name__.replace("Cpu", "")
+        return Announcing
+
+    owner.set_attr(torch.cuda, "Event", announcing(CpuEvent, "events", _EVENTS_NOTE),
+                   "torch.cuda.Event")
+    owner.set_attr(torch.cuda, "Stream", announcing(CpuStream, "streams", _STREAMS_NOTE),
+                   "torch.cuda streams")
+
+    def current_stream(device: Any = None) -> CpuStream:
+        notices.say("streams", _STREAMS_NOTE)
+        return default
+
+    def stream(stream: Any) -> contextlib.AbstractContextManager:
+        notices.say("streams", _STREAMS_NOTE)
+        return contextlib.nullcontext(stream)
+
+    def set_stream(stream: Any) -> None:
+        notices.say("streams", _STREAMS_NOTE)
+
+    for name, fn in (("current_stream", current_stream), ("default_stream", current_stream),
+                     ("stream", stream), ("set_stream", set_stream)):
+        _patch(owner, name, lambda original, fn=fn: fn)
+
+
+_EVENTS_NOTE = ("singlecard_nb: torch.cuda.Event under `%singlecard cpu` records the CPU's clock: "
+                "elapsed_time() times the CPU work between two records, and waiting returns at "
+                "once (CPU work has finished when its call returns).")
+_STREAMS_NOTE = ("singlecard_nb: torch.cuda streams under `%singlecard cpu` are the CPU's one "
+                 "stream: operations run in order, and waiting or synchronising returns at once.")
+
+
+# --- random state: the CPU generator's, as manual_seed --------------------------------------
+def _patch_rng_state(owner: Borrowed, notices: Notices) -> None:
+    def say(stacklevel: int = 3) -> None:  # 3: the user's line calling the function below
+        notices.say("rng_state", "singlecard_nb: torch.cuda's random state under `%singlecard "
+                    "cpu` is the CPU generator's, which draws the numbers for the tensors meant "
+                    "for the GPU (saving and restoring it round-trips).", stacklevel=stacklevel)
+
+    def restore(state: torch.Tensor) -> None:
+        if state.numel() != torch.get_rng_state().numel():
+            notices.say("rng_state_gpu", "singlecard_nb: torch.cuda.set_rng_state() under "
+                        "`%singlecard cpu` got a GPU generator's state (a checkpoint saved on a "
+                        "GPU), which cannot seed the CPU generator: the CPU generator is left "
+                        "as it was.", stacklevel=4)
+            return
+        torch.set_rng_state(state)
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        say()
+        return torch.get_rng_state()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        say()
+        restore(new_state)
+
+    def get_rng_state_all() -> list[torch.Tensor]:
+        say()
+        return [torch.get_rng_state()]  # one device
+
+    def set_rng_state_all(new_states: Sequence[torch.Tensor]) -> None:
+        say()
+        if len(new_states):  # saved on several GPUs: the first is this machine's one device
+            restore(new_states[0])
+
+    def seed() -> None:
+        say()
+        torch.default_generator.seed()
+
+    def initial_seed() -> int:
+        say()
+        return torch.initial_seed()
+
+    for name, fn in (
+            ("get_rng_state", get_rng_state), ("set_rng_state", set_rng_state),
+            ("get_rng_state_all", get_rng_state_all), ("set_rng_state_all", set_rng_state_all),
+            ("seed", seed), ("seed_all", seed), ("initial_seed", initial_seed)):
+        _patch(owner, name, lambda original, fn=fn: fn)
+
+
+# --- the device itself ----------------------------------------------------------------------
+def _current_device(notices: Notices) -> Callable:
+    def current_device() -> int:
+        notices.say("current_device", "singlecard_nb: torch.cuda.current_device() under "
+                    "`%singlecard cpu` is 0, this session's one device, which is the CPU: "
+                    "device references to it land on the CPU.")
+        return 0
+
+    return current_device
+
+
+def _device_name(notices: Notices) -> Callable:
+    def get_device_name(device: Any = None) -> str:
+        return "CPU (singlecard_nb: %singlecard cpu)"
+
+    return get_device_name
+
+
+class NoGpuError(RuntimeError, AssertionError):
+    """A torch.cuda call that needs a real GPU, under `%singlecard cpu`. Both types torch raises
+    there, so code that catches either (RuntimeError on a CUDA build, AssertionError on a CPU
+    build) still does."""
+
+
+def _needs_a_gpu(original: Callable) -> Callable:
+    def _lazy_init() -> None:
+        try:
+            original()
+        except (AssertionError, RuntimeError) as e:
+            call = sys._getframe(1).f_code.co_name  # the torch.cuda function that needs CUDA
+            raise NoGpuError(
+                f"singlecard_nb: torch.cuda.{call}() needs a GPU, and this session runs on the "
+                "CPU (`%singlecard cpu`), where it has no answer. Guard it with `if "
+                "torch.cuda.is_available():` (False here), or pin a GPU (`%singlecard auto`, "
+                f"in a fresh kernel). torch said: {e}") from e
+
+    return _lazy_init
