@@ -157,6 +157,32 @@ def test_singlecard_nb_device_at_kernel_start_follows_the_same_rules(kernel, cap
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3" and pinning.current() is None
 
 
+def test_singlecard_nb_device_takes_the_magic_options_to_force_a_gpu(kernel, capsys):
+    kernel("2,3", device="0 --force")
+    assert "SINGLECARD_NB_DEVICE=0 --force" in capsys.readouterr().out
+    assert pinning.current() is not None and os.environ["CUDA_VISIBLE_DEVICES"] == GPU0
+
+
+def test_a_refused_singlecard_nb_device_says_how_the_variable_forces(kernel, capsys):
+    kernel("2,3", device="0")
+    assert "SINGLECARD_NB_DEVICE='0 --force'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, words", [
+    ("0 --forse", "unknown option '--forse'"),
+    ("0 1", "2 targets"),
+    ("--force", "no TARGET"),
+])
+def test_a_bad_singlecard_nb_device_line_is_printed_and_nothing_is_pinned(kernel, capsys,
+                                                                          value, words):
+    ip = kernel("2,3", device=value)
+    err = capsys.readouterr().err
+    assert f"SINGLECARD_NB_DEVICE={value!r} was NOT pinned" in err and words in err
+    assert "--force, --default-device, --no-single-card" in err
+    assert pinning.current() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "singlecard" in ip.magics_manager.magics["line"]
+
+
 def test_auto_at_kernel_start_with_no_gpu_allocated(kernel, capsys):
     ip = kernel("", device="auto")
     assert "allows no GPU" in capsys.readouterr().err

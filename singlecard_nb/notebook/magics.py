@@ -211,8 +211,11 @@ def pin_at_load(shell: Any, target: str) -> None:
     the extension half-loaded and hide the message, so errors are printed and loading goes on.
     """
     try:
-        state = session.pin(target)
+        device, options = _env_target(target)
+        state = session.pin(device, **options)
     except ValueError as e:  # a bad target, outside the allocation, a broken machine file
+        if "--force" in str(e) and "--force" not in target:  # the variable's own way to say it
+            e = f"{e} At kernel start: SINGLECARD_NB_DEVICE='{target} --force'"
         print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned: {e}. The "
               "extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)
         return
@@ -223,3 +226,24 @@ def pin_at_load(shell: Any, target: str) -> None:
         traceback.print_exc()
         return
     print(f"singlecard_nb (SINGLECARD_NB_DEVICE={target}): {state.summary()}")
+
+
+_ENV_OPTIONS = {"--force": "force", "--default-device": "set_default",
+                "--no-single-card": "single_card"}
+
+
+def _env_target(value: str) -> tuple[str, dict[str, bool]]:
+    """SINGLECARD_NB_DEVICE as `%singlecard` takes it: one TARGET and its options, e.g.
+    '1 --force' for a GPU outside the allocation, 'auto --default-device'."""
+    words = value.split()
+    flags = [w for w in words if w.startswith("--")]
+    targets = [w for w in words if not w.startswith("--")]
+    unknown = [f for f in flags if f not in _ENV_OPTIONS]
+    if unknown or len(targets) != 1:
+        problem = (f"unknown option {unknown[0]!r}" if unknown
+                   else "no TARGET" if not targets else f"{len(targets)} targets")
+        raise ValueError(f"{problem}; it takes one TARGET (a GPU index as nvidia-smi numbers "
+                         "them, a GPU or MIG UUID or unique prefix, 'auto' or 'cpu') and any of "
+                         f"the options {', '.join(_ENV_OPTIONS)}, as `%singlecard` does")
+    options = {_ENV_OPTIONS[f]: f != "--no-single-card" for f in flags}
+    return targets[0], options
