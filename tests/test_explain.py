@@ -949,3 +949,74 @@ def test_under_torchrun_each_rank_explains_its_own_failure(tmp_path):
     for rank in (0, 1):
         assert f"[rank {rank}] singlecard_nb.explain: Linear '2' failed" in done.stdout
     assert done.stdout.count("hint    Linear '2' expects the last dimension of its input to be 32") == 2
+
+
+# --- under torch.compile ------------------------------------------------------------------------
+
+
+class TwoHeads(nn.Module):
+    """Two Linear layers of one class: the one that fails is told apart by `self.<name>(`."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(32, 10)  # sized for 32 features, gets the 64 of `up`
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.fixture
+def quiet_dynamo():
+    import logging
+
+    torch._logging.set_logs(dynamo=logging.CRITICAL)  # its own error log, not the test's
+    yield
+    torch._logging.set_logs()
+    torch._dynamo.reset()
+
+
+def test_a_compiled_model_is_explained_at_the_module_its_tracing_failed_in(quiet_dynamo):
+    model = nn.Sequential(nn.Linear(16, 32), TwoHeads())
+    compiled = torch.compile(model)
+    error = failure(compiled, torch.randn(4, 16))
+    message = str(error)
+    exp = scn.explain(error)
+    assert exp.module == "1.down" and exp.module_type == "Linear"
+    assert [path for path, _ in exp.chain] == ["", "1", "1.down"]
+    assert "forward" in exp.where and "self.down(" in exp.where  # the traced line, not the call
+    assert exp.inputs == [] and "torch.compile was tracing" in dict(exp.rows())["inputs"]
+    assert ("weight", (10, 32), "float32", "cpu") in exp.params
+    has(exp.hint, "expects the last dimension of its input to be 32", "got 64")
+    assert "reduction dim" in exp.exception  # the error tracing met, not only dynamo's headline
+    assert str(error) == message and not exp.aliases  # untouched; no '_orig_mod.' alias
+
+
+def test_a_compiled_reshape_is_explained_in_the_module_that_does_it(quiet_dynamo):
+    class Reshaper(nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0], 7, -1)  # 4 x 16 cannot be viewed with 7 rows
+
+    model = nn.Sequential(nn.Linear(16, 16), Reshaper())
+    exp = scn.explain(failure(torch.compile(model), torch.randn(4, 16)))
+    assert (exp.module, exp.module_type) == ("1", "Reshaper")
+    assert "x.view(x.shape[0], 7, -1)" in exp.where
+    has(exp.hint, "64 elements", "[4, 7, -1]")
+
+
+def test_compiled_siblings_of_one_class_are_told_apart_by_their_weights(quiet_dynamo):
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(16, 8))  # `for m in self`
+    exp = scn.explain(failure(torch.compile(model), torch.randn(4, 16)))
+    assert (exp.module, exp.module_type) == ("2", "Linear")
+    has(exp.hint, "to be 16 (in_features)", "got 32")
+
+
+def test_a_compiled_failure_no_rule_explains_says_how_to_get_its_inputs(quiet_dynamo):
+    class Gate(nn.Module):
+        def forward(self, x):
+            return torch.where(x > 0, x, torch.zeros(3))  # (4, 16) against (3,)
+
+    exp = scn.explain(failure(torch.compile(nn.Sequential(nn.Linear(16, 16), Gate())),
+                              torch.randn(4, 16)))
+    assert (exp.module, exp.module_type) == ("1", "Gate")
+    has(exp.hint, "torch.compile was tracing", "force_eager")

@@ -18,6 +18,7 @@ import dataclasses
 import html
 import linecache
 import os
+import re
 import sys
 from collections.abc import Iterator
 from types import FrameType, TracebackType
@@ -65,6 +66,7 @@ class Explanation:
     where: str | None = None  # "model.py:31 in forward: x = self.fc(x)", the deepest user line
     aliases: list[str] = dataclasses.field(default_factory=list)  # other paths of a shared module
     rank: int | None = None  # under torchrun (WORLD_SIZE > 1): the process's rank
+    traced: bool = False  # found by torch.compile's tracing: no call ran, no inputs are known
 
     @property
     def label(self) -> str:
@@ -80,7 +82,8 @@ class Explanation:
             rows.append(("shared", "also reachable as " + ", ".join(repr(a) for a in self.aliases)))
         if self.where:
             rows.append(("where", self.where))
-        rows.append(("inputs", "; ".join(_describe_row(d) for d in self.inputs) or "no tensors"))
+        none = "not known: torch.compile was tracing, no call ran" if self.traced else "no tensors"
+        rows.append(("inputs", "; ".join(_describe_row(d) for d in self.inputs) or none))
         rows.append(("params", "; ".join(_describe_row(d) for d in self.params) or "none of its own"))
         if self.hint:
             rows.append(("hint", self.hint))
@@ -347,28 +350,140 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[_Call]
     for parent, child in zip(calls, calls[1:]):
         name, registered = _child_name(parent.module, child.module)
         paths.append(_join(paths[-1], name))
+    base = paths[-1]
+    stack = _traced_stack(exc)
+    traced = _traced_calls(stack, calls[-1].module, str(exc)) if stack else []
+    for relative, module in traced:  # no frames of their own: named as the model names them
+        calls.append(_Call(module, (), {}, open=False))
+        paths.append(_join(base, relative))
+        registered = True
     innermost, path = calls[-1], paths[-1]
     root = calls[0].module
     aliases = [p for p, m in root.named_modules(remove_duplicate=False)
-               if m is innermost.module and p and p != path][:_MAX_ALIASES]
+               if m is innermost.module and p and p != path
+               and p.replace("_orig_mod.", "") != path][:_MAX_ALIASES]  # torch.compile's wrapper
     module_type = type(innermost.module).__name__
     leaves = _input_leaves(innermost.args, innermost.kwargs)
     own = [*innermost.module.named_parameters(recurse=False),
            *innermost.module.named_buffers(recurse=False)]
-    location, source = _where(raised)
+    location, source = _traced_where(stack) if stack else (None, None)
+    if location is None:
+        location, source = _where(raised)
     hint = hints.diagnose(hints.Failure(
         exception=raised, module=innermost.module, path=path, label=_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
-        location=location, registered=registered, non_finite=_non_finite_error(exc)))
+        location=location, registered=registered, non_finite=_non_finite_error(exc),
+        traced=bool(stack)))
     return Explanation(
         module=path, module_type=module_type,
         chain=[(p, type(c.module).__name__) for p, c in zip(paths, calls)],
         inputs=[describe(i, v) for i, v in leaves],
         params=[describe(n, t) for n, t in own],
-        hint=hint, exception=_headline(exc),
+        hint=hint, exception=_headline(exc) + (_traced_error(exc) if stack else ""),
         where=f"{location}: {source}" if location and source else location,
-        aliases=aliases, rank=_rank(),
+        aliases=aliases, rank=_rank(), traced=bool(traced),
     )
+
+
+# --- under torch.compile: the modules its tracing was in -----------------------------------
+
+
+def _traced_stack(exc: BaseException) -> list | None:
+    """The user-code stack torch.compile (dynamo) was tracing when `exc` was raised, or None."""
+    return next((e.real_stack for e in _chain_of(exc) if getattr(e, "real_stack", None)), None)
+
+
+def _traced_calls(stack: list, module: nn.Module, message: str = "") -> list[tuple[str, nn.Module]]:
+    """[(path relative to the model, module)] that torch.compile was tracing inside `module`
+    when it failed, outermost first.
+
+    Tracing runs no module call, so the traceback ends at the compiled module. Dynamo keeps the
+    user-code stack it was tracing (`real_stack`): each frame on it is matched to the submodule
+    whose class's forward is that code, told apart by the caller's `self.<name>(` when several
+    share a class, else by the parameter shapes the failing operation got (in dynamo's
+    message); where that stays ambiguous, the walk stops at the parent.
+    """
+    shapes = [tuple(int(n) for n in re.findall(r"\d+", size)) for size in
+              re.findall(r"Parameter\(FakeTensor\(\.\.\., size=\(([\d, ]*)\)", message)]
+    current = getattr(module, "_orig_mod", module)  # a torch.compile wrapper: the user's model
+    found: list[tuple[str, nn.Module]] = []
+    path, caller = "", None
+    for frame in stack:
+        if _runs_forward_of(current, frame):
+            caller = frame
+            continue
+        candidates = [(name, m) for name, m in current.named_modules()
+                      if name and _runs_forward_of(m, frame)]
+        if len(candidates) > 1:
+            called = _called_attribute(caller)
+            if called is not None:
+                candidates = [(n, m) for n, m in candidates if n == called]
+            elif shapes:  # e.g. `for layer in self: x = layer(x)`: the weights it got
+                candidates = [(n, m) for n, m in candidates if _holds_shapes(m, shapes)]
+        if len(candidates) != 1:
+            if candidates or frame.name == "forward":
+                break  # several modules could be the one: stop at the one that is sure
+            caller = frame  # a helper function or method: the same module goes on
+            continue
+        name, current = candidates[0]
+        path = _join(path, name)
+        found.append((path, current))
+        caller = frame
+    return found
+
+
+def _traced_where(stack: list) -> tuple[str | None, str | None]:
+    """(location, source line) of the deepest user frame torch.compile was tracing."""
+    for frame in reversed(stack):
+        filename = os.path.normcase(os.path.abspath(frame.filename))
+        if not filename.startswith(_LIBRARY_DIRS) and frame.lineno is not None:
+            source = (frame.line or "").strip() or None
+            cell = _notebook_cell(frame.filename)
+            name = os.path.basename(frame.filename) if os.path.isfile(frame.filename) else (
+                frame.filename)
+            where = f"{cell}, line {frame.lineno}" if cell else f"{name}:{frame.lineno}"
+            return f"{where} in {frame.name}", source
+    return None, None
+
+
+def _traced_error(exc: BaseException) -> str:
+    """The error torch.compile's tracing met, from its message ("... got RuntimeError('...')"),
+    as " (RuntimeError: ...)"; "" when the message does not carry one."""
+    match = re.search(r"got (\w+(?:Error|Exception))\((['\"])(.+?)\2\)", str(exc))
+    if match is None:
+        return ""
+    inner = match[3] if len(match[3]) <= _MAX_MESSAGE else match[3][:_MAX_MESSAGE] + "…"
+    return f" ({match[1]}: {inner})"
+
+
+def _runs_forward_of(module: nn.Module, frame: Any) -> bool:
+    code = getattr(type(module).forward, "__code__", None)
+    return (code is not None and frame.name == code.co_name
+            and os.path.normcase(os.path.abspath(frame.filename))
+            == os.path.normcase(os.path.abspath(code.co_filename))
+            and frame.lineno is not None
+            and code.co_firstlineno <= frame.lineno <= max(
+                (line for *_, line in code.co_lines() if line is not None),
+                default=code.co_firstlineno))
+
+
+def _holds_shapes(module: nn.Module, shapes: list[tuple[int, ...]]) -> bool:
+    own = [tuple(p.shape) for p in module.parameters(recurse=False)]
+    return all(shape in own for shape in shapes)
+
+
+def _called_attribute(caller: Any) -> str | None:
+    """"fc2" when the caller's failing expression is `self.fc2(...)` (or `self.blocks[3](...)`
+    as "blocks.3"), else None."""
+    if caller is None or caller.lineno is None:
+        return None
+    line = linecache.getline(caller.filename, caller.lineno)
+    colno, end = getattr(caller, "colno", None), getattr(caller, "end_colno", None)
+    segment = line[colno:end] if colno is not None and end is not None else line.strip()
+    match = re.match(r"\s*self\.([A-Za-z_][\w.]*)(?:\[(\d+)\])?\s*\(", segment)
+    if match is None:
+        return None
+    return f"{match[1]}.{match[2]}" if match[2] else match[1]
 
 
 def _non_finite_error(exc: BaseException) -> Any:

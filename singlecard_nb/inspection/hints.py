@@ -38,6 +38,7 @@ class Failure:
     location: str | None = None  # "model.py:42 in forward"
     registered: bool = True  # False: held in a plain list/dict, not a submodule of its caller
     non_finite: Any = None  # the NonFiniteError, when the trap raised it
+    traced: bool = False  # torch.compile was tracing: nothing ran, no inputs on the stack
 
     @property
     def message(self) -> str:
@@ -248,11 +249,17 @@ def not_a_tensor(f: Failure) -> str | None:
 
 @_rule
 def linear_features(f: Failure) -> str | None:
-    match = _search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", f)
+    match = (_search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", f)
+             # the same product under torch.compile's tracing (fake tensors, meta kernels)
+             or _search(r"a and b must have same reduction dim, but got \[(\d+), (\d+)\] X "
+                        r"\[(\d+), (\d+)\]", f))
     if not match:
         return None
     expected = getattr(f.module, "in_features", None)
     x = f.tensor(0, "input")
+    if isinstance(expected, int) and x is None and f.traced and int(match[3]) == expected:
+        return (f"{f.label} expects the last dimension of its input to be {expected} "
+                f"(in_features); it got {match[2]}")
     if not isinstance(expected, int) or x is None or x.dim() == 0:
         return (f"A matrix product in the forward of {f.label}, {f.code()}, multiplies "
                 f"({match[1]}x{match[2]}) by ({match[3]}x{match[4]}): the inner sizes "
@@ -720,3 +727,16 @@ def dtype_mismatch(f: Failure) -> str | None:
     if len(floats) > 1:
         return f"{f.label} got inputs of different dtypes ({', '.join(floats)}): convert them to one"
     return None
+
+
+# --- last: what no rule explained, under torch.compile ---------------------------------------
+
+
+@_rule
+def traced_by_compile(f: Failure) -> str | None:
+    if not f.traced:
+        return None
+    return (f"torch.compile was tracing {f.label} when this failed, so nothing had run and its "
+            "inputs are not on the stack; the same code fails without torch.compile: run it "
+            "under torch.compiler.set_stance(\"force_eager\") (or call the model before "
+            "torch.compile) and explain that error for the inputs and a diagnosis")
