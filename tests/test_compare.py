@@ -234,6 +234,28 @@ def test_params_records_parameters_after_each_optimiser_step_and_gives_the_hook_
     assert rows.index("param") > max(i for i, io in enumerate(rows) if io == "param_grad")
 
 
+def bn_model(momentum: float) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=momentum), nn.ReLU(),
+                         nn.Linear(16, 4))
+
+
+def test_running_statistics_that_drift_apart_are_found_in_the_buffers():
+    # In training, BatchNorm normalises with the batch's own statistics: a wrong momentum changes
+    # no output and no gradient, only the running statistics eval() will use.
+    a, b = train(bn_model(0.1)), train(bn_model(0.3))
+    buffers = a.frame().query("io == 'buffer' and step == 0")
+    assert set(buffers["index"]) == {"running_mean", "running_var", "num_batches_tracked"}
+    assert (buffers["module"] == "1").all() and (buffers["type"] == "BatchNorm1d").all()
+    model = bn_model(0.1)
+    train(model, steps=1)
+    row = buffers.query("index == 'running_var'").iloc[0]
+    assert row["mean"] == pytest.approx(model[1].running_var.double().mean().item(), rel=1e-6)
+    first = scn.compare(a, b).first
+    assert (first.step, first.module, first.io, first.index) == (0, "1", "buffer", "running_mean")
+    assert scn.compare(a, train(bn_model(0.1))).first is None
+
+
 def test_params_hook_is_given_back_when_the_training_loop_raises():
     hooks_before = len(optim_globals._global_optimizer_post_hooks)
     model = mlp()

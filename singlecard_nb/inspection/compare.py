@@ -30,7 +30,7 @@ KEYS = ("step", "module", "call", "io", "index")
 # the step used (after the all-reduce). Recorded by inspect(model, params=True).
 STATE_IO = ("param", "step_grad")
 _IO_OPTION = {"grad": "grads=True", "param_grad": "grads=True", "param": "params=True",
-              "step_grad": "params=True"}
+              "step_grad": "params=True", "buffer": "params=True"}
 _TABLE_ROWS = 12
 
 
@@ -561,7 +561,7 @@ def compare_ranks(x, stats=("mean", "std", "absmax"), rtol: float = 1e-6, atol: 
 # --- the picture ------------------------------------------------------------------------------
 _IO_STYLE = {"output": ("#1f77b4", "o"), "input": ("#7f7f7f", "s"), "grad": ("#ff7f0e", "v"),
              "param_grad": ("#2ca02c", "^"), "param": ("#9467bd", "D"),
-             "step_grad": ("#8c564b", "P")}
+             "step_grad": ("#8c564b", "P"), "buffer": ("#e377c2", "X")}
 
 
 def _figure(width: float, height: float):

@@ -621,11 +621,16 @@ class Inspector:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._param_targets: dict[int, tuple[_Target, str, nn.Module]] = {}
+        # Buffers (BatchNorm's running statistics...) with their modules: read after the first
+        # optimiser step of each step, when this step's forward has updated them.
+        self._buffer_modules: list[tuple[_Target, nn.Module]] = []
         for module in self.model.modules():
             target = self._targets.get(id(module))
             if target is not None:
                 for name, param in module.named_parameters(recurse=False):
                     self._param_targets.setdefault(id(param), (target, name, module))
+                if next(module.named_buffers(recurse=False), None) is not None:
+                    self._buffer_modules.append((target, module))
         handle = register_optimizer_step_post_hook(_eager(self._on_optimizer_step))
 
         def remove() -> None:
@@ -641,6 +646,13 @@ class Inspector:
                 for p in group["params"] if id(p) in self._param_targets]
         if mine:
             self._optimizer_steps += 1
+            if ("buffers", self._step) not in self._calls:  # once per step
+                self._calls[("buffers", self._step)] = 1
+                for target, module in self._buffer_modules:
+                    for name, buffer in module.named_buffers(recurse=False):
+                        if buffer is not None:
+                            self._guarded(self._record_tensor, target, 0, "buffer", name,
+                                          buffer.detach(), module.training)
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = self._calls.get(key, 0)
