@@ -159,8 +159,8 @@ def test_current_device_is_the_cpu_and_calls_that_need_a_gpu_say_what_to_change(
         return  # CUDA works in this process: nothing fails
     with pytest.raises(RuntimeError, match=r"get_device_properties\(\).*is_available"):
         torch.cuda.get_device_properties(0)
-    with pytest.raises(AssertionError):  # code that catches torch's CPU-build error still does
-        torch.cuda.get_device_capability()
+    with pytest.raises(AssertionError, match=r"get_device_capability\(\)"):  # caught as torch's
+        torch.cuda.get_device_capability()  # CPU-build error still is; named as the user called it
     parallel.disable()
     with pytest.raises((AssertionError, RuntimeError)) as raised:
         torch.cuda.get_device_properties(0)

@@ -371,7 +371,7 @@ def _needs_a_gpu(original: Callable) -> Callable:
         try:
             original()
         except (AssertionError, RuntimeError) as e:
-            call = sys._getframe(1).f_code.co_name  # the torch.cuda function that needs CUDA
+            call = _outermost_cuda_call(sys._getframe(1))
             raise NoGpuError(
                 f"singlecard_nb: torch.cuda.{call}() needs a GPU, and this session runs on the "
                 "CPU (`%singlecard cpu`), where it has no answer. Guard it with `if "
@@ -379,3 +379,13 @@ def _needs_a_gpu(original: Callable) -> Callable:
                 f"in a fresh kernel). torch said: {e}") from e
 
     return _lazy_init
+
+
+def _outermost_cuda_call(frame: Any) -> str:
+    """The torch.cuda function the user called (get_device_capability, not the
+    get_device_properties it calls in turn)."""
+    name = frame.f_code.co_name
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch.cuda"):
+        name = frame.f_code.co_name
+        frame = frame.f_back
+    return name
