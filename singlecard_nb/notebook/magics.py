@@ -214,8 +214,6 @@ def pin_at_load(shell: Any, target: str) -> None:
         device, options = _env_target(target)
         state = session.pin(device, **options)
     except ValueError as e:  # a bad target, outside the allocation, a broken machine file
-        if "--force" in str(e) and "--force" not in target:  # the variable's own way to say it
-            e = f"{e} At kernel start: SINGLECARD_NB_DEVICE='{target} --force'"
         print(f"singlecard_nb: SINGLECARD_NB_DEVICE={target!r} was NOT pinned: {e}. The "
               "extension is loaded; pin with `%singlecard TARGET`.", file=sys.stderr)
         return

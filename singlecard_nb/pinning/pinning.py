@@ -158,7 +158,8 @@ def _no_gpu_for_auto(machine: Machine) -> TargetError:
         return TargetError(
             f"'auto' found no GPU in this kernel's allocation: {machine.allocation_text()}, so "
             "this kernel was given no GPU. Pin 'cpu', or pin a GPU deliberately with --force "
-            "(`%singlecard 0 --force`, `singlecard_nb.pin(0, force=True)`).")
+            "(`%singlecard 0 --force`, `singlecard_nb.pin(0, force=True)`, or at kernel start "
+            "SINGLECARD_NB_DEVICE='0 --force').")
     problems = "; ".join(f"GPU {g.index}: {g.unusable}" for g in machine.gpus if g.unusable)
     return TargetError(f"'auto' found no GPU that can be pinned ({problems or machine.reason}); "
                        "pin 'cpu'")
@@ -252,7 +253,8 @@ def _outside_allocation(choice: Choice, machine: Machine, text: str) -> TargetEr
         f"{device} is outside this kernel's allocation: {machine.allocation_text()} (its value "
         "before singlecard_nb pinned anything, as a scheduler such as Slurm or a device plugin "
         "set it). Nothing was changed. To use that GPU anyway, deliberately (it may be someone "
-        f"else's): `%singlecard {text} --force`, or singlecard_nb.pin({in_code}, force=True).")
+        f"else's): `%singlecard {text} --force`, singlecard_nb.pin({in_code}, force=True), or at "
+        f"kernel start SINGLECARD_NB_DEVICE='{text} --force'.")
 
 
 def _by_uuid(text: str, machine: Machine, accepted: str, force: bool) -> Choice:
