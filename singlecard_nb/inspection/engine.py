@@ -289,7 +289,7 @@ class Inspector:
         self._depth = 0
         self._root_depth = 0
         self._thread = 0
-        self._calls: dict[int, int] = {}
+        self._calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, _version, slot): dedupe
@@ -646,13 +646,12 @@ class Inspector:
                 for p in group["params"] if id(p) in self._param_targets]
         if mine:
             self._optimizer_steps += 1
-            if ("buffers", self._step) not in self._calls:  # once per step
-                self._calls[("buffers", self._step)] = 1
+            if "buffers" not in self._calls:  # once per step (_calls is cleared at each)
+                self._calls["buffers"] = 1
                 for target, module in self._buffer_modules:
                     for name, buffer in module.named_buffers(recurse=False):
-                        if buffer is not None:
-                            self._guarded(self._record_tensor, target, 0, "buffer", name,
-                                          buffer.detach(), module.training)
+                        self._guarded(self._record_tensor, target, 0, "buffer", name,
+                                      buffer.detach(), module.training)
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = self._calls.get(key, 0)

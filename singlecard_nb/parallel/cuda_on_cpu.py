@@ -82,7 +82,7 @@ def install(owner: Borrowed, device: torch.device, notices: Notices) -> None:
     _patch_events_and_streams(owner, notices)
     _patch_rng_state(owner, notices)
     _patch(owner, "current_device", lambda original: _current_device(notices))
-    _patch(owner, "get_device_name", lambda original: _device_name(notices))
+    _patch(owner, "get_device_name", lambda original: _device_name())
     _patch(owner, "_lazy_init", _needs_a_gpu)
 
 
@@ -353,7 +353,7 @@ def _current_device(notices: Notices) -> Callable:
     return current_device
 
 
-def _device_name(notices: Notices) -> Callable:
+def _device_name() -> Callable:  # a new function each time: _patch gives it torch's name
     def get_device_name(device: Any = None) -> str:
         return "CPU (singlecard_nb: %singlecard cpu)"
 
