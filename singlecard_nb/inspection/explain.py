@@ -31,9 +31,14 @@ from torch.nn.modules import module as _module_impl
 from . import hints
 from .hints import counts as _counts
 
+
+def _normalised(filename: str) -> str:
+    return os.path.normcase(os.path.abspath(filename))
+
+
 # Frames of Module.__call__'s own machinery: their `self` is the module being called.
 _CALL_FRAMES = ("_wrapped_call_impl", "_call_impl", "inner", "_slow_forward")
-_MODULE_FILE = os.path.normcase(os.path.abspath(_module_impl.__file__))
+_MODULE_FILE = _normalised(_module_impl.__file__)
 # Code that is not "where the user is": torch's and our own frames are skipped for `where`.
 _LIBRARY_DIRS = tuple(os.path.normcase(os.path.dirname(os.path.abspath(p))) + os.sep for p in (
     torch.__file__, os.path.dirname(__file__)))
@@ -174,7 +179,7 @@ def _frames(tb: TracebackType | None) -> Iterator[tuple[FrameType, int]]:
 def _is_call_frame(frame: FrameType) -> bool:
     code = frame.f_code
     return (code.co_name in _CALL_FRAMES
-            and os.path.normcase(os.path.abspath(code.co_filename)) == _MODULE_FILE)
+            and _normalised(code.co_filename) == _MODULE_FILE)
 
 
 def _self_module(frame: FrameType) -> nn.Module | None:
@@ -228,18 +233,22 @@ def _where(exc: BaseException) -> tuple[str | None, str | None]:
     """(location, source line) of the deepest frame outside torch and singlecard_nb."""
     found = None
     for frame, lineno in _frames(exc.__traceback__):
-        filename = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
-        if not filename.startswith(_LIBRARY_DIRS):
+        if not _normalised(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
             found = (frame.f_code.co_filename, lineno, frame.f_code.co_name, frame.f_globals)
     if found is None:
         return None, None
     filename, lineno, function, module_globals = found
     source = linecache.getline(filename, lineno, module_globals).strip() or None
+    return _location(filename, lineno, function), source
+
+
+def _location(filename: str, lineno: int, function: str) -> str:
+    """"In[5], line 3 in forward" for a notebook cell, else "model.py:31 in forward"."""
     cell = _notebook_cell(filename)
     if cell is not None:
-        return f"{cell}, line {lineno} in {function}", source
+        return f"{cell}, line {lineno} in {function}"
     name = os.path.basename(filename) if os.path.isfile(filename) else filename
-    return f"{name}:{lineno} in {function}", source
+    return f"{name}:{lineno} in {function}"
 
 
 def _notebook_cell(filename: str) -> str | None:
@@ -409,11 +418,12 @@ def _traced_calls(stack: list, module: nn.Module, message: str = "") -> list[tup
     found: list[tuple[str, nn.Module]] = []
     path, caller = "", None
     for frame in stack:
-        if _runs_forward_of(current, frame):
+        filename = _normalised(frame.filename)
+        if _runs_forward_of(current, frame, filename):
             caller = frame
             continue
         candidates = [(name, m) for name, m in current.named_modules()
-                      if name and _runs_forward_of(m, frame)]
+                      if name and _runs_forward_of(m, frame, filename)]
         if len(candidates) > 1:
             called = _called_attribute(caller)
             if called is not None:
@@ -435,14 +445,9 @@ def _traced_calls(stack: list, module: nn.Module, message: str = "") -> list[tup
 def _traced_where(stack: list) -> tuple[str | None, str | None]:
     """(location, source line) of the deepest user frame torch.compile was tracing."""
     for frame in reversed(stack):
-        filename = os.path.normcase(os.path.abspath(frame.filename))
-        if not filename.startswith(_LIBRARY_DIRS) and frame.lineno is not None:
+        if not _normalised(frame.filename).startswith(_LIBRARY_DIRS) and frame.lineno is not None:
             source = (frame.line or "").strip() or None
-            cell = _notebook_cell(frame.filename)
-            name = os.path.basename(frame.filename) if os.path.isfile(frame.filename) else (
-                frame.filename)
-            where = f"{cell}, line {frame.lineno}" if cell else f"{name}:{frame.lineno}"
-            return f"{where} in {frame.name}", source
+            return _location(frame.filename, frame.lineno, frame.name), source
     return None, None
 
 
@@ -456,11 +461,11 @@ def _traced_error(exc: BaseException) -> str:
     return f" ({match[1]}: {inner})"
 
 
-def _runs_forward_of(module: nn.Module, frame: Any) -> bool:
+def _runs_forward_of(module: nn.Module, frame: Any, filename: str) -> bool:
+    """Whether `frame` (of dynamo's stack; `filename` normalised) runs `module`'s forward."""
     code = getattr(type(module).forward, "__code__", None)
     return (code is not None and frame.name == code.co_name
-            and os.path.normcase(os.path.abspath(frame.filename))
-            == os.path.normcase(os.path.abspath(code.co_filename))
+            and filename == _normalised(code.co_filename)
             and frame.lineno is not None
             and code.co_firstlineno <= frame.lineno <= max(
                 (line for *_, line in code.co_lines() if line is not None),
