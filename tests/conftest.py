@@ -25,6 +25,46 @@ def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
+def magic_error(shell, line: str):
+    """Run a cell in `shell`; return the UsageError it gave the user, or None. Anything else it
+    raised (a traceback for the user) fails the test."""
+    from IPython.core.error import UsageError
+
+    result = shell.run_cell(line)
+    if result.error_in_exec is not None and not isinstance(result.error_in_exec, UsageError):
+        raise result.error_in_exec
+    return result.error_in_exec
+
+
+def hook_tables(model) -> dict:
+    """Every hook table torch keeps: the global ones, each module's and each parameter's."""
+    from torch.nn.modules import module as module_globals
+
+    tables = {name: dict(value) for name, value in vars(module_globals).items()
+              if name.startswith("_global_") and isinstance(value, dict)}
+    for path, m in model.named_modules():
+        for name, value in vars(m).items():
+            if "hooks" in name and isinstance(value, dict):
+                tables[f"{path}:{name}"] = dict(value)
+        for name, p in m.named_parameters(recurse=False):
+            tables[f"{path}.{name}:grad"] = dict(p._backward_hooks or {})
+            tables[f"{path}.{name}:acc"] = dict(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+    return tables
+
+
+def notebook_runner():
+    """scripts/run_notebook.py as a module (what `./lab.sh --headless` runs)."""
+    import importlib.util
+
+    if "run_notebook" in sys.modules:
+        return sys.modules["run_notebook"]
+    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_notebook"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def shown(monkeypatch) -> list:
     """What `%singlecard` passed to IPython's display() (a module may define its own `shown`)."""

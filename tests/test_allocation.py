@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_fresh_python
+from conftest import magic_error, run_fresh_python
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -47,16 +47,10 @@ def kernel(monkeypatch, shown):
     devices.use_machine(None)
 
 
-def run(shell, line: str):
-    result = shell.run_cell(line)
-    if result.error_in_exec is not None and not isinstance(result.error_in_exec, UsageError):
-        raise result.error_in_exec
-    return result.error_in_exec
-
 
 def test_a_gpu_outside_the_allocation_is_refused_and_nothing_changes(kernel, shown):
     ip = kernel("2,3")
-    error = run(ip, "%singlecard 0")
+    error = magic_error(ip, "%singlecard 0")
     assert isinstance(error, UsageError)
     for words in ("GPU 0", GPU0, "outside this kernel's allocation",
                   "CUDA_VISIBLE_DEVICES='2,3' allows GPU 2, GPU 3", "Nothing was changed",
@@ -68,27 +62,27 @@ def test_a_gpu_outside_the_allocation_is_refused_and_nothing_changes(kernel, sho
 
 def test_force_pins_outside_deliberately_and_off_gives_the_allocation_back(kernel, capsys):
     ip = kernel("2,3")
-    assert run(ip, "%singlecard 0 --force") is None
+    assert magic_error(ip, "%singlecard 0 --force") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == GPU0
     assert "Forced outside this kernel's allocation" in capsys.readouterr().out
-    run(ip, "%singlecard off")
+    magic_error(ip, "%singlecard off")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
 def test_inside_the_allocation_pins_as_usual(kernel):
     ip = kernel("2,3")
-    assert run(ip, "%singlecard 2") is None
+    assert magic_error(ip, "%singlecard 2") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == GPU2
     # a re-pin is judged against the allocation, not against the pin's own variable
-    assert run(ip, "%singlecard 3") is None and os.environ["CUDA_VISIBLE_DEVICES"] == MIG_BIG
-    assert isinstance(run(ip, "%singlecard 0"), UsageError)
+    assert magic_error(ip, "%singlecard 3") is None and os.environ["CUDA_VISIBLE_DEVICES"] == MIG_BIG
+    assert isinstance(magic_error(ip, "%singlecard 0"), UsageError)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == MIG_BIG
 
 
 def test_auto_chooses_only_inside_the_allocation(kernel, capsys):
     # GPUs 0 and 2 are idle but outside; GPU 1 is busy (alice); GPU 3's MIG devices are idle
     ip = kernel("3,1")
-    assert run(ip, "%singlecard auto") is None
+    assert magic_error(ip, "%singlecard auto") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == MIG_BIG
     out = capsys.readouterr().out
     assert "auto chose GPU 3" in out and "within the allocation" in out
@@ -98,40 +92,40 @@ def test_auto_chooses_only_inside_the_allocation(kernel, capsys):
 @pytest.mark.parametrize("allocation", ["", "-1"])
 def test_an_empty_allocation_means_no_gpu(kernel, allocation):
     ip = kernel(allocation)
-    error = run(ip, "%singlecard auto")
+    error = magic_error(ip, "%singlecard auto")
     assert isinstance(error, UsageError)
     for words in (f"CUDA_VISIBLE_DEVICES={allocation!r} allows no GPU",
                   "this kernel was given no GPU", "Pin 'cpu'", "--force"):
         assert words in str(error)
-    assert isinstance(run(ip, "%singlecard 1"), UsageError)
+    assert isinstance(magic_error(ip, "%singlecard 1"), UsageError)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == allocation and pinning.current() is None
-    assert run(ip, "%singlecard cpu") is None and pinning.current().mode == "cpu"
+    assert magic_error(ip, "%singlecard cpu") is None and pinning.current().mode == "cpu"
 
 
 def test_an_allocation_of_uuids(kernel):
     ip = kernel(f"{GPU2}")
-    assert "allows GPU 2" in str(run(ip, "%singlecard 1"))
-    assert run(ip, "%singlecard GPU-8a1b") is None and os.environ["CUDA_VISIBLE_DEVICES"] == GPU2
+    assert "allows GPU 2" in str(magic_error(ip, "%singlecard 1"))
+    assert magic_error(ip, "%singlecard GPU-8a1b") is None and os.environ["CUDA_VISIBLE_DEVICES"] == GPU2
 
 
 def test_an_allocation_of_one_mig_device(kernel):
     ip = kernel(MIG_SMALL)
     # GPU 3's other MIG device has more free memory, but only this one was allocated
-    assert run(ip, "%singlecard 3") is None and os.environ["CUDA_VISIBLE_DEVICES"] == MIG_SMALL
-    error = run(ip, "%singlecard MIG-5c3c")
+    assert magic_error(ip, "%singlecard 3") is None and os.environ["CUDA_VISIBLE_DEVICES"] == MIG_SMALL
+    error = magic_error(ip, "%singlecard MIG-5c3c")
     assert "MIG device 3/1" in str(error) and "allows MIG 3/0" in str(error)
 
 
 def test_options_that_need_a_target(kernel):
     ip = kernel("2,3")
-    assert "TARGET only" in str(run(ip, "%singlecard list --force"))
+    assert "TARGET only" in str(magic_error(ip, "%singlecard list --force"))
 
 
 def test_list_marks_gpus_outside_the_allocation_also_while_pinned(kernel, shown):
     ip = kernel("2,3")
-    run(ip, "%singlecard list")
-    run(ip, "%singlecard 2")
-    run(ip, "%singlecard list")
+    magic_error(ip, "%singlecard list")
+    magic_error(ip, "%singlecard 2")
+    magic_error(ip, "%singlecard list")
     for machine in shown:
         assert [g.in_allocation for g in machine.gpus] == [False, False, True, True]
         text = repr(machine)
@@ -142,8 +136,8 @@ def test_list_marks_gpus_outside_the_allocation_also_while_pinned(kernel, shown)
 
 def test_status_says_what_the_allocation_allows(kernel, shown):
     ip = kernel("2,3")
-    run(ip, "%singlecard 2")
-    run(ip, "%singlecard status")
+    magic_error(ip, "%singlecard 2")
+    magic_error(ip, "%singlecard status")
     (status,) = shown
     assert isinstance(status, Status)
     assert status.allocation == "CUDA_VISIBLE_DEVICES='2,3' allows GPU 2, GPU 3"

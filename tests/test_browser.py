@@ -8,7 +8,6 @@ test-artifacts/browser/ for a person to look at.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = Path(__file__).with_name("browser_machine.json")
@@ -43,11 +43,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def _kernel_environment(*args, **kwargs):
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebook", module)
-    spec.loader.exec_module(module)
-    return module.kernel_environment(*args, **kwargs)
+    return notebook_runner().kernel_environment(*args, **kwargs)
 
 
 def _free_port() -> int:

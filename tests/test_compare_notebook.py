@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = Path(__file__).with_name("browser_machine.json")
@@ -14,16 +13,9 @@ MACHINE = Path(__file__).with_name("browser_machine.json")
 pytestmark = pytest.mark.slow
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebook", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_compare_runs_notebook_shows_both_stories():
-    report = _runner().execute(ROOT / "notebooks" / "compare_runs.ipynb", machine=str(MACHINE),
+    report = notebook_runner().execute(ROOT / "notebooks" / "compare_runs.ipynb", machine=str(MACHINE),
                                timeout=300)
     assert report.errors == [], str(report)
     assert report.output_kinds["image/png"] >= 1, str(report)

@@ -3,12 +3,12 @@ kernel driven by nbclient (as Jupyter runs a notebook)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import notebook_runner
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -147,13 +147,6 @@ def test_a_failure_to_explain_is_said_once_not_raised(ip, shown, monkeypatch, ca
 # --- a real kernel ----------------------------------------------------------------------------
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebook", module)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow
 def test_in_a_kernel_the_explanation_follows_the_traceback(tmp_path):
@@ -169,7 +162,7 @@ def test_in_a_kernel_the_explanation_follows_the_traceback(tmp_path):
     ])
     path = tmp_path / "failing.ipynb"
     nbformat.write(nb, str(path))
-    report = _runner().execute(path, timeout=120)
+    report = notebook_runner().execute(path, timeout=120)
     assert report.errors == [], str(report)
     assert len(report.expected_errors) == 2
 
@@ -199,7 +192,7 @@ def test_run_notebook_counts_only_unexpected_errors(tmp_path):
     ])
     path = tmp_path / "errors.ipynb"
     nbformat.write(nb, str(path))
-    report = _runner().execute(path, timeout=60)
+    report = notebook_runner().execute(path, timeout=60)
     assert report.expected_errors == ["cell 0: ZeroDivisionError: division by zero"]
     assert report.errors == ["cell 1: tagged raises-exception but raised nothing",
                              "cell 2: NameError: name 'undefined_name' is not defined"]

@@ -14,10 +14,10 @@ import dataclasses
 import warnings
 
 import torch
+from conftest import hook_tables
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
-from torch.nn.modules import module as module_globals
 
 import singlecard_nb as scn
 
@@ -157,19 +157,6 @@ def same(a, b, seen=None) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(p, q, seen) for p, q in zip(a, b))
     return a == b
-
-
-def hook_tables(model: nn.Module) -> dict:
-    tables = {name: dict(value) for name, value in vars(module_globals).items()
-              if name.startswith("_global_") and isinstance(value, dict)}
-    for path, m in model.named_modules():
-        for name, value in vars(m).items():
-            if "hooks" in name and isinstance(value, dict):
-                tables[f"{path}:{name}"] = dict(value)
-        for name, p in m.named_parameters(recurse=False):
-            tables[f"{path}.{name}"] = (dict(p._backward_hooks or {}),
-                                        dict(getattr(p, "_post_accumulate_grad_hooks", None) or {}))
-    return tables
 
 
 X = torch.linspace(-1, 1, 6).view(2, 3)

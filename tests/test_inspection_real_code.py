@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import hook_tables
 from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.utils.checkpoint import checkpoint
@@ -20,20 +21,6 @@ from singlecard_nb.inspection import native
 def mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-
-
-def hook_tables(model: nn.Module) -> dict:
-    """Every hook table torch keeps: the global ones, each module's and each parameter's."""
-    tables = {name: dict(value) for name, value in vars(module_globals).items()
-              if name.startswith("_global_") and isinstance(value, dict)}
-    for path, m in model.named_modules():
-        for name, value in vars(m).items():
-            if "hooks" in name and isinstance(value, dict):
-                tables[f"{path}:{name}"] = dict(value)
-        for name, p in m.named_parameters(recurse=False):
-            tables[f"{path}.{name}:grad"] = dict(p._backward_hooks or {})
-            tables[f"{path}.{name}:acc"] = dict(getattr(p, "_post_accumulate_grad_hooks", None) or {})
-    return tables
 
 
 # --- 1. Ctrl-C inside a forward pass ------------------------------------------------------------
@@ -461,7 +448,6 @@ def test_training_column_tells_train_and_eval_apart():
     assert set(summary.query("module == '0'").training) == {True, False}
     assert list(insp.history(training=False).columns) == [1, 2]
     assert list(insp.history(training=True).columns) == [0, 2]
-
 
 
 def test_heatmap_marks_eval_steps_and_can_keep_one_mode():

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = Path(__file__).with_name("browser_machine.json")
@@ -16,19 +15,12 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 pytestmark = pytest.mark.slow
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebook", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def _run(name: str):
     path = ROOT / "notebooks" / name
     if not path.exists():
         pytest.fail(f"{path} does not exist yet (issue 5 asks for it)")
-    return _runner().execute(path, machine=str(MACHINE), timeout=120)
+    return notebook_runner().execute(path, machine=str(MACHINE), timeout=120)
 
 
 def _outputs(nb):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import magic_error
 from fake_nvml import GPU_IS_LOST, NO_PERMISSION, FakeNVML, NVMLError, gpu
-from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from singlecard_nb.notebook import picker
@@ -38,16 +38,9 @@ def nvml(monkeypatch, shown):
     devices.use_nvml(None)
 
 
-def run(shell, line: str):
-    """Run a cell; anything but a UsageError (a traceback for the user) fails the test."""
-    result = shell.run_cell(line)
-    if result.error_in_exec is not None and not isinstance(result.error_in_exec, UsageError):
-        raise result.error_in_exec
-    return result.error_in_exec
-
 
 def listed(nvml, shown):
-    assert run(nvml.shell, "%singlecard list") is None
+    assert magic_error(nvml.shell, "%singlecard list") is None
     return shown[-1]
 
 
@@ -63,12 +56,12 @@ def test_a_lost_gpu_is_listed_as_unusable_and_the_others_pin(nvml, shown, capsys
             "NVMLError_GpuIsLost: GPU is lost)") in text
     assert ("GPU 1: memory unknown (nvmlDeviceGetMemoryInfo: NVMLError_NoPermission: "
             "Insufficient Permissions)") in text
-    error = run(nvml.shell, "%singlecard 0")
+    error = magic_error(nvml.shell, "%singlecard 0")
     assert "GPU 0 cannot be pinned: its UUID cannot be read" in str(error)
     assert pinning.current() is None and "CUDA_VISIBLE_DEVICES" not in os.environ
-    assert run(nvml.shell, "%singlecard 1") is None  # memory unknown: still pinnable
+    assert magic_error(nvml.shell, "%singlecard 1") is None  # memory unknown: still pinnable
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-bbbb1111"
-    run(nvml.shell, "%singlecard status")
+    magic_error(nvml.shell, "%singlecard status")
     row = next(line for line in repr(shown[-1]).splitlines() if "memory (NVML)" in line)
     assert row.endswith("unknown: nvmlDeviceGetMemoryInfo: NVMLError_NoPermission: "
                         "Insufficient Permissions")
@@ -76,14 +69,14 @@ def test_a_lost_gpu_is_listed_as_unusable_and_the_others_pin(nvml, shown, capsys
 
 def test_auto_skips_an_unusable_gpu_and_says_so(nvml, capsys):
     nvml.fail(1, "nvmlDeviceGetHandleByIndex", GPU_IS_LOST)
-    assert run(nvml.shell, "%singlecard auto") is None
+    assert magic_error(nvml.shell, "%singlecard auto") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc2222"  # GPU 1 had the most free memory
     assert "GPU 1: cannot be pinned (NVML cannot open it" in capsys.readouterr().out
 
 
 def test_unknown_memory_ranks_below_known_memory_for_auto(nvml):
     nvml.fail(1, "nvmlDeviceGetMemoryInfo", NO_PERMISSION)
-    run(nvml.shell, "%singlecard auto")
+    magic_error(nvml.shell, "%singlecard auto")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc2222"
 
 
@@ -92,7 +85,7 @@ def test_an_old_nvidia_ml_py_without_mig_and_process_calls(nvml, shown, capsys):
                 "nvmlDeviceGetGraphicsRunningProcesses")
     text = repr(listed(nvml, shown))
     assert "has no nvmlDeviceGetMigMode: it is too old; `pip install -U nvidia-ml-py`" in text
-    assert run(nvml.shell, "%singlecard auto") is None
+    assert magic_error(nvml.shell, "%singlecard auto") is None
     out = capsys.readouterr().out
     assert "auto chose GPU 1" in out and "NVML cannot say who uses this one" in out
 
@@ -102,7 +95,7 @@ def test_a_name_that_is_not_utf8(nvml, shown):
               UnicodeDecodeError("utf-8", b"NVIDIA \xff", 7, 8, "invalid start byte"))
     machine = listed(nvml, shown)
     assert machine.gpus[2].name == "?" and "UnicodeDecodeError" in repr(machine)
-    assert run(nvml.shell, "%singlecard 2") is None
+    assert magic_error(nvml.shell, "%singlecard 2") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc2222"
 
 
@@ -110,8 +103,8 @@ def test_nvml_that_cannot_load_is_a_machine_without_gpus(nvml, shown):
     nvml.init_error = OSError("libnvidia-ml.so.1: cannot open shared object file")
     machine = listed(nvml, shown)
     assert "No GPUs (nvml): the NVML library could not be loaded: libnvidia-ml.so.1" in repr(machine)
-    assert "accepted here: 'cpu'" in str(run(nvml.shell, "%singlecard 0"))
-    assert run(nvml.shell, "%singlecard cpu") is None and pinning.current().mode == "cpu"
+    assert "accepted here: 'cpu'" in str(magic_error(nvml.shell, "%singlecard 0"))
+    assert magic_error(nvml.shell, "%singlecard cpu") is None and pinning.current().mode == "cpu"
 
 
 # --- a GPU vanishes between the listing and the pin -------------------------------------------
@@ -119,31 +112,31 @@ def test_nvml_that_cannot_load_is_a_machine_without_gpus(nvml, shown):
 def test_an_index_that_now_names_another_card_is_refused(nvml, shown):
     listed(nvml, shown)
     del nvml.gpus[1]  # GPU-bbbb fell off the bus: GPU-cccc is now GPU 1
-    error = run(nvml.shell, "%singlecard 1")
+    error = magic_error(nvml.shell, "%singlecard 1")
     for words in ("the GPUs changed since `%singlecard list` showed GPU 1 as GPU-bbbb1111",
                   "GPU 1 is now GPU 1 (NVIDIA A100-SXM4-80GB, GPU-cccc2222)",
                   "that card is no longer on this machine", "Nothing was changed",
                   "pin by UUID"):
         assert words in str(error)
     assert "CUDA_VISIBLE_DEVICES" not in os.environ and pinning.current() is None
-    error = run(nvml.shell, "%singlecard 2")
+    error = magic_error(nvml.shell, "%singlecard 2")
     assert "there is no GPU 2, and that card is now GPU 1" in str(error)
-    assert run(nvml.shell, "%singlecard GPU-cccc") is None  # a UUID never moves
+    assert magic_error(nvml.shell, "%singlecard GPU-cccc") is None  # a UUID never moves
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc2222"
     listed(nvml, shown)  # a fresh listing: indices mean what it showed
-    assert run(nvml.shell, "%singlecard 1") is None
+    assert magic_error(nvml.shell, "%singlecard 1") is None
 
 
 def test_a_gpu_reset_to_an_unreadable_uuid_after_listing(nvml, shown):
     listed(nvml, shown)
     nvml.fail(2, "nvmlDeviceGetUUID", GPU_IS_LOST)
-    error = run(nvml.shell, "%singlecard 2")
+    error = magic_error(nvml.shell, "%singlecard 2")
     assert "GPU 2 is now GPU 2 (NVIDIA A100-SXM4-80GB, UUID unknown)" in str(error)
 
 
 def test_without_a_listing_an_index_is_read_fresh(nvml):
     del nvml.gpus[0]
-    assert run(nvml.shell, "%singlecard 0") is None
+    assert magic_error(nvml.shell, "%singlecard 0") is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-bbbb1111"
 
 

@@ -9,12 +9,11 @@ fresh kernel and really trains; then `%singlecard off` and `%unload_ext` leave t
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "notebooks" / "scripts"
@@ -47,13 +46,6 @@ before = patched_objects()
 '''
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("run_notebook", ROOT / "scripts" / "run_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_notebook", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def _text(cell, name: str = "stdout") -> str:
     return "".join(o.get("text", "") for o in cell.outputs
@@ -80,7 +72,7 @@ def executed(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     path = folder / "tutorial.ipynb"
     nbformat.write(nb, str(path))
-    report = _runner().execute(path, machine=str(MACHINE), timeout=300)
+    report = notebook_runner().execute(path, machine=str(MACHINE), timeout=300)
     by_script, index = {}, 2
     for script, runs in RUNS.items():
         by_script[script] = report.nb.cells[index:index + len(runs)]
