@@ -47,7 +47,6 @@ def kernel(monkeypatch, shown):
     devices.use_machine(None)
 
 
-
 def test_a_gpu_outside_the_allocation_is_refused_and_nothing_changes(kernel, shown):
     ip = kernel("2,3")
     error = magic_error(ip, "%singlecard 0")

@@ -13,7 +13,6 @@ MACHINE = Path(__file__).with_name("browser_machine.json")
 pytestmark = pytest.mark.slow
 
 
-
 def test_compare_runs_notebook_shows_both_stories():
     report = notebook_runner().execute(ROOT / "notebooks" / "compare_runs.ipynb", machine=str(MACHINE),
                                timeout=300)

@@ -147,7 +147,6 @@ def test_a_failure_to_explain_is_said_once_not_raised(ip, shown, monkeypatch, ca
 # --- a real kernel ----------------------------------------------------------------------------
 
 
-
 @pytest.mark.slow
 def test_in_a_kernel_the_explanation_follows_the_traceback(tmp_path):
     import nbformat

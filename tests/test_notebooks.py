@@ -15,7 +15,6 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 pytestmark = pytest.mark.slow
 
 
-
 def _run(name: str):
     path = ROOT / "notebooks" / name
     if not path.exists():

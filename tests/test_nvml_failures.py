@@ -38,7 +38,6 @@ def nvml(monkeypatch, shown):
     devices.use_nvml(None)
 
 
-
 def listed(nvml, shown):
     assert magic_error(nvml.shell, "%singlecard list") is None
     return shown[-1]

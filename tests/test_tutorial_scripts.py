@@ -46,7 +46,6 @@ before = patched_objects()
 '''
 
 
-
 def _text(cell, name: str = "stdout") -> str:
     return "".join(o.get("text", "") for o in cell.outputs
                    if o.output_type == "stream" and o.name == name)
