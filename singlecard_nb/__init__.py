@@ -28,7 +28,7 @@ _EXPORTS = {
     "inspect": "inspection.engine",
     "Inspector": "inspection.engine",
     "inspector": "inspection.engine",
-    "NonFiniteError": "inspection.engine",
+    "NonFiniteError": "errors",
     "compare": "inspection.compare",
     "compare_ranks": "inspection.compare",
     "load": "inspection.records",

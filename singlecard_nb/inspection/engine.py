@@ -39,6 +39,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from ..borrow import Borrowed
+from ..errors import NonFiniteError
 from .stats import VALUES, StepStats, reducible
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
 from .summary import Summary
@@ -70,28 +71,6 @@ _TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are glob
 # latest started per model for `inspector(model)`; keys are id(model), checked against .model.
 _active: dict[int, Inspector] = {}
 _latest: weakref.WeakValueDictionary[int, Inspector] = weakref.WeakValueDictionary()
-
-
-class NonFiniteError(RuntimeError):
-    """The first module output or gradient with NaN or Inf, raised by `inspect(..., trap=True)`.
-
-    Attributes: module (path), module_type, io, index, step, call, nan, inf, and inputs_finite
-    (True when the module's tensor inputs were all finite: this module produced the NaN/Inf).
-    """
-
-    def __init__(self, module: str, module_type: str, io: str, index: str, step: int,
-                 call: int, nan: int, inf: int, inputs_finite: bool | None):
-        self.module, self.module_type, self.io, self.index = module, module_type, io, index
-        self.step, self.call, self.nan, self.inf = step, call, nan, inf
-        self.inputs_finite = inputs_finite
-        where = repr(module) if module else "the model itself ('')"
-        what = f"{io}{index}" if index else io
-        origin = {True: " Its inputs were finite, so this module produced them.",
-                  False: " Its inputs already held NaN/Inf.", None: ""}[inputs_finite]
-        super().__init__(
-            f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
-            f"call {call}.{origin} Rows recorded so far are in insp.frame()."
-        )
 
 
 @dataclasses.dataclass

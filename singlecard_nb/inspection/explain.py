@@ -492,7 +492,7 @@ def _called_attribute(caller: Any) -> str | None:
 
 
 def _non_finite_error(exc: BaseException) -> Any:
-    from .engine import NonFiniteError
+    from ..errors import NonFiniteError
 
     return exc if isinstance(exc, NonFiniteError) else None
 
