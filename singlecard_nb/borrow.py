@@ -10,6 +10,7 @@ An environment variable changed by someone else after we set it is theirs: resto
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, MutableMapping
@@ -189,6 +190,12 @@ def _pop(change: _Change) -> None:
         stack.pop(position)
         if not stack:
             del _stacks[change.key]
+
+
+def wrap_like(original: Callable, replacement: Callable) -> Callable:
+    """`replacement` carrying `original`'s name, docstring and `__wrapped__`, for a patch: help(),
+    tracebacks and `inspect.signature` of the patched function stay those of torch's."""
+    return functools.update_wrapper(replacement, original)
 
 
 def active_owners() -> list[Borrowed]:

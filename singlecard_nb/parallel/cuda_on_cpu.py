@@ -44,7 +44,6 @@ Every answer is said once per kind and counted in `%singlecard status`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import time
@@ -53,7 +52,7 @@ from typing import Any
 
 import torch
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, wrap_like
 from .notices import Notices
 
 _ZERO_COUNTERS = ("memory_allocated", "max_memory_allocated", "memory_reserved",
@@ -93,7 +92,7 @@ def _patch(owner: Borrowed, name: str, make: Callable[[Callable], Callable]) -> 
     label = ("torch.cuda memory counters" if name.startswith(("memory", "max_memory", "reset"))
              else "torch.cuda random state" if "seed" in name or "rng" in name
              else f"torch.cuda.{name}")
-    owner.set_attr(torch.cuda, name, functools.update_wrapper(make(original), original), label)
+    owner.set_attr(torch.cuda, name, wrap_like(original, make(original)), label)
 
 
 def _synchronize(notices: Notices) -> Callable:
@@ -168,7 +167,7 @@ def _patch_autocast(owner: Borrowed, device: torch.device, notices: Notices) -> 
             device_type = device.type
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
-    owner.set_attr(cls, "__init__", functools.update_wrapper(__init__, original),
+    owner.set_attr(cls, "__init__", wrap_like(original, __init__),
                    "torch.autocast")
 
 
@@ -186,7 +185,7 @@ def _patch_grad_scaler(owner: Borrowed, device: torch.device, notices: Notices) 
             device = pinned.type
         original(self, device, *args, **kwargs)
 
-    owner.set_attr(cls, "__init__", functools.update_wrapper(__init__, original),
+    owner.set_attr(cls, "__init__", wrap_like(original, __init__),
                    "torch.amp.GradScaler")
 
 

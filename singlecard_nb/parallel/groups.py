@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, wrap_like
 from .notices import Notices
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
@@ -63,9 +63,9 @@ class Groups:
             return
         from torch.distributed import distributed_c10d
 
-        init = _wrap_like(distributed_c10d.init_process_group, self._init_patch(
+        init = wrap_like(distributed_c10d.init_process_group, self._init_patch(
             distributed_c10d.init_process_group))
-        destroy = _wrap_like(distributed_c10d.destroy_process_group, self._destroy_patch(
+        destroy = wrap_like(distributed_c10d.destroy_process_group, self._destroy_patch(
             distributed_c10d.destroy_process_group))
         for module in (distributed_c10d, dist):
             owner.set_attr(module, "init_process_group", init)
@@ -253,8 +253,3 @@ def _address(hex_address: str) -> str:
     ip = ipaddress.ip_address(raw)
     return f"{ip}:{int(port, 16)}" if ip.version == 4 else f"[{ip}]:{int(port, 16)}"
 
-
-def _wrap_like(original: Callable, replacement: Callable) -> Callable:
-    import functools
-
-    return functools.update_wrapper(replacement, original)

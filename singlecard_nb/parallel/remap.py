@@ -18,7 +18,6 @@ before single-card mode was turned on, and code inside `torch.compile`d regions.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, wrap_like
 from .notices import Notices
 
 # Functions in the torch namespace that take `device=` (keyword-only in all of them).
@@ -151,7 +150,7 @@ def _patch_to(owner: Borrowed, remapper: Remapper, cls: type, label: str, call: 
                 kwargs["device"] = new
         return original(self, *args, **kwargs)
 
-    owner.set_attr(cls, "to", _wrap_like(original, to), label)
+    owner.set_attr(cls, "to", wrap_like(original, to), label)
 
 
 def _patch_tensor_cuda(owner: Borrowed, remapper: Remapper) -> None:
@@ -172,7 +171,7 @@ def _patch_tensor_cuda(owner: Borrowed, remapper: Remapper) -> None:
                 device = new
         return original(self, device, non_blocking, memory_format=memory_format)
 
-    owner.set_attr(torch.Tensor, "cuda", _wrap_like(original, cuda), "Tensor.cuda")
+    owner.set_attr(torch.Tensor, "cuda", wrap_like(original, cuda), "Tensor.cuda")
 
 
 def _patch_storage_cuda(owner: Borrowed, remapper: Remapper) -> None:
@@ -194,7 +193,7 @@ def _patch_storage_cuda(owner: Borrowed, remapper: Remapper) -> None:
                     device = new.index
             return _original(self, device, non_blocking)
 
-        owner.set_attr(cls, "cuda", _wrap_like(original, cuda), label)
+        owner.set_attr(cls, "cuda", wrap_like(original, cuda), label)
 
 
 # --- factories --------------------------------------------------------------------------------
@@ -210,7 +209,7 @@ def _factory(original: Callable, remapper: Remapper, name: str) -> Callable:
                 kwargs["device"] = new
         return original(*args, **kwargs)
 
-    return _wrap_like(original, factory)
+    return wrap_like(original, factory)
 
 
 def _script_as_builtin(owner: Borrowed, patched: Callable, original: Callable) -> None:
@@ -251,7 +250,7 @@ def _patch_load(owner: Borrowed, remapper: Remapper) -> None:
         bound.arguments["map_location"] = _map_location(map_location, remapper, default_restore)
         return original(*bound.args, **bound.kwargs)
 
-    patched = _wrap_like(original, load)
+    patched = wrap_like(original, load)
     owner.set_attr(torch, "load", patched)
     if serialization.load is original:
         owner.set_attr(serialization, "load", patched)
@@ -300,7 +299,7 @@ def _patch_set_device(owner: Borrowed, remapper: Remapper) -> None:
             remapper.say("set_device", "torch.cuda.set_device({})", device)
         original(pinned.index)
 
-    owner.set_attr(torch.cuda, "set_device", _wrap_like(original, set_device))
+    owner.set_attr(torch.cuda, "set_device", wrap_like(original, set_device))
 
 
 def _patch_cuda_device(owner: Borrowed, remapper: Remapper) -> None:
@@ -320,7 +319,7 @@ def _patch_cuda_device(owner: Borrowed, remapper: Remapper) -> None:
             self.idx = pinned.index
             remapper.say("cuda.device", "torch.cuda.device({})", device)
 
-    owner.set_attr(cls, "__init__", _wrap_like(original, __init__), "torch.cuda.device")
+    owner.set_attr(cls, "__init__", wrap_like(original, __init__), "torch.cuda.device")
 
 
 def _patch_set_default_device(owner: Borrowed, remapper: Remapper) -> None:
@@ -333,9 +332,5 @@ def _patch_set_default_device(owner: Borrowed, remapper: Remapper) -> None:
             device = new
         return original(device)
 
-    owner.set_attr(torch, "set_default_device", _wrap_like(original, set_default_device))
+    owner.set_attr(torch, "set_default_device", wrap_like(original, set_default_device))
 
-
-def _wrap_like(original: Callable, replacement: Callable) -> Callable:
-    """`replacement` carrying `original`'s name and docstring (help() and tracebacks stay clear)."""
-    return functools.update_wrapper(replacement, original)

@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, wrap_like
 from . import cuda_on_cpu, remap, spawn
 from .groups import Groups
 from .notices import Notices
@@ -180,8 +180,8 @@ def _patch_data_parallel(owner: Borrowed) -> None:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
             return _run_on(_state.device, self.module, inputs, kwargs)
 
-    owner.set_attr(data_parallel, "__init__", _wrap_like(data_parallel.__init__, __init__))
-    owner.set_attr(data_parallel, "forward", _wrap_like(data_parallel.forward, forward))
+    owner.set_attr(data_parallel, "__init__", wrap_like(data_parallel.__init__, __init__))
+    owner.set_attr(data_parallel, "forward", wrap_like(data_parallel.forward, forward))
 
     # The functional form, `nn.parallel.data_parallel(module, inputs, device_ids)`.
     functional = sys.modules["torch.nn.parallel.data_parallel"]
@@ -193,7 +193,7 @@ def _patch_data_parallel(owner: Borrowed) -> None:
             inputs = (inputs,) if inputs is not None else ()
         return _run_on(_state.device, module, inputs, module_kwargs or {})
 
-    patched = _wrap_like(original, data_parallel_function)
+    patched = wrap_like(original, data_parallel_function)
     owner.set_attr(functional, "data_parallel", patched, "nn.parallel.data_parallel")
     if getattr(nn.parallel, "data_parallel", None) is original:
         owner.set_attr(nn.parallel, "data_parallel", patched, "nn.parallel.data_parallel")
@@ -230,7 +230,7 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
         groups.track(self)
         _state.wrappers += 1
 
-    owner.set_attr(ddp, "__init__", _wrap_like(original, __init__))
+    owner.set_attr(ddp, "__init__", wrap_like(original, __init__))
 
     original_setstate = ddp.__setstate__
 
@@ -238,7 +238,7 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
         original_setstate(self, state)  # copy.deepcopy / pickle: bound to the default group
         groups.track(self)
 
-    owner.set_attr(ddp, "__setstate__", _wrap_like(original_setstate, __setstate__))
+    owner.set_attr(ddp, "__setstate__", wrap_like(original_setstate, __setstate__))
 
 
 def _fix_devices(module: nn.Module, arguments: dict, device: torch.device,
@@ -338,7 +338,3 @@ def _move(obj: Any, device: torch.device) -> Any:
         return type(obj)((key, _move(value, device)) for key, value in obj.items())
     return obj
 
-
-def _wrap_like(original, replacement):
-    """`replacement` carrying `original`'s name and docstring (help() and tracebacks stay clear)."""
-    return functools.update_wrapper(replacement, original)

@@ -14,7 +14,6 @@ world size from `torch.cuda.device_count()` under `%singlecard cpu` is 0) is sai
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, wrap_like
 from .notices import Notices
 
 
@@ -83,7 +82,7 @@ def _in_this_process(original: Callable, name: str, notices: Notices) -> Callabl
                 torch.set_num_threads(threads)
         return None if call.arguments["join"] else RanInThisProcess()
 
-    return functools.update_wrapper(run, original)
+    return wrap_like(original, run)
 
 
 def _put_back(environ: dict[str, str]) -> None:
