@@ -60,7 +60,7 @@ static void merge(part_t *a, const part_t *b) {
     {                                                                                  \
         int t = omp_get_thread_num(), k = omp_get_num_threads();                       \
         if (k > MAX_PARTS) k = MAX_PARTS;                                              \
-        int64_t per = ((n) / k + BLOCK - 1) / BLOCK * BLOCK;                           \
+        int64_t per = (((n) + k - 1) / k + BLOCK - 1) / BLOCK * BLOCK; /* k parts cover n */\
         int64_t a = per * t, b = a + per < (n) ? a + per : (n);                        \
         if (t < k && a < b) { BODY(a, b, t) }                                          \
     }

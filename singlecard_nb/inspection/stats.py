@@ -109,6 +109,12 @@ def _one_block(t: torch.Tensor) -> bool:
     return True
 
 
+def _is_zerotensor(t: torch.Tensor) -> bool:
+    """torch's ZeroTensor (an efficient all-zero gradient) has no storage: data_ptr() is 0."""
+    is_zero = getattr(t, "_is_zerotensor", None)
+    return is_zero is not None and is_zero()
+
+
 def _squares_fit(dtype: torch.dtype, lo: float, hi: float) -> bool:
     """Whether squares of values in [lo, hi] are safe to sum in `dtype`'s accumulators
     (float32 for half types); a constant tensor needs no squares."""
@@ -215,9 +221,9 @@ class StepStats:
         on_cpu = t.is_cpu
         if on_cpu:  # one call of the kernel: ~1.5 us for a small tensor, one read for a large one
             kernel = self._kernels.get(t.dtype)
-            if kernel is not None:
-                try:  # a strided view is copied first: still fewer reads than torch's
-                    block = t if _one_block(t) else t.contiguous()  # alive during the call
+            if kernel is not None and not _is_zerotensor(t):  # a ZeroTensor has no memory
+                try:  # a strided or negated view is copied first: still fewer reads than torch's
+                    block = t if _one_block(t) else t.resolve_neg().contiguous()  # alive in the call
                     kernel(block.data_ptr(), n, self.exact_std, self._row_address(slot))
                     return slot
                 except RuntimeError:  # no storage to read (functorch wrappers): torch reads it

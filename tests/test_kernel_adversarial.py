@@ -1,0 +1,98 @@
+"""Tensors chosen to break the one-read kernel: it must read every value, honour torch's lazy
+negation, and never read memory a tensor does not have."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import singlecard_nb as scn
+from singlecard_nb.inspection import native
+from singlecard_nb.inspection.stats import StepStats
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if not native.wait(timeout=180):
+        pytest.skip(f"the one-pass kernel could not be built here: {native.status()}")
+    return native.kernels()
+
+
+def _values(t: torch.Tensor, kernels) -> dict[str, float]:
+    stats = StepStats(kernels=kernels)
+    slot = stats.add(t, tuple(t.shape), immediate=True)
+    return dict(zip(("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros"),
+                    stats.table([slot])[0]))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_a_nan_in_the_last_value_of_a_split_tensor_is_seen(kernels, threads):
+    # n // threads a multiple of the kernel's 4096-value block, n % threads left over: the
+    # split over the OpenMP team once dropped those last values (and the NaN with them)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = threads * 4096 * 64 + 1
+        x = torch.zeros(n)
+        x[-1] = float("nan")
+        assert _values(x, kernels)["nan"] == 1
+        x[-1] = 7.0
+        got = _values(x, kernels)
+        assert got["max"] == 7.0 and got["zeros"] == pytest.approx((n - 1) / n)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_trap_fires_on_a_nan_in_the_last_value(kernels):
+    n = 2 * 4096 * 64 + 1
+    x = torch.zeros(n)
+    x[-1] = float("nan")
+    with pytest.raises(scn.NonFiniteError), scn.inspect(nn.Identity(), trap=True) as insp:
+        insp.model(x)
+
+
+def test_a_lazily_negated_view_has_its_true_sign(kernels):
+    x = torch.arange(1.0, 20001.0)
+    negated = torch._neg_view(x)  # contiguous, negative bit set: memory holds +x
+    assert negated.is_neg() and negated.is_contiguous()
+    got = _values(negated, kernels)
+    assert (got["min"], got["max"]) == (-20000.0, -1.0)
+    assert got["mean"] == pytest.approx(-10000.5)
+
+
+def test_the_imaginary_part_of_a_conjugate_has_its_true_sign(kernels):
+    z = torch.complex(torch.zeros(30000), torch.arange(1.0, 30001.0))
+    imag = z.conj().imag  # what a user's module may return
+    got = _values(imag, kernels)
+    assert (got["min"], got["max"]) == (-30000.0, -1.0)
+
+
+def test_a_zero_tensor_output_is_recorded_without_reading_memory():
+    # A ZeroTensor (data_ptr() == 0) once made the kernel read address 0 and killed the
+    # process; run it in a child so a crash fails this test instead of the suite.
+    code = (
+        "import torch, warnings\n"
+        "from torch import nn\n"
+        "import singlecard_nb as scn\n"
+        "from singlecard_nb.inspection import native\n"
+        "assert native.wait(180), native.status()\n"
+        "class Zeros(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch._efficientzerotensor(x.shape)\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore')\n"
+        "    with scn.inspect(Zeros(), trap=True) as insp:\n"
+        "        insp.model(torch.ones(50000))\n"
+        "row = insp.frame().iloc[-1]\n"
+        "print(row['min'], row['max'], row['zeros'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0.0", "0.0", "1.0"]
