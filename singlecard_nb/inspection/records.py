@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import sqlite3
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,12 @@ def rank_path(path: str | os.PathLike, rank: int, world_size: int) -> Path:
     """Where rank `rank` writes: `{rank}` in the path is filled in; a directory gets
     `rank<N>.db`; in a job of several processes `run.db` becomes `run.rank<N>.db`."""
     text = os.fspath(path)
-    if "{rank}" in text:
-        return Path(text.format(rank=rank))
+    if "{" in text:
+        try:
+            return Path(text.format(rank=rank))
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"cannot save records to {text!r}: the only field a path may hold "
+                             "is {rank} (write {{ and }} for literal braces)") from e
     target = Path(text)
     if target.is_dir() or text.endswith(("/", os.sep)):
         return target / f"rank{rank}.db"
@@ -131,15 +136,23 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> 
     """
     rank, world_size = job()
     target = rank_path(path, rank, world_size)
-    target.parent.mkdir(parents=True, exist_ok=True)
     kinds = {name: _kind(frame[name]) for name in frame.columns}
     info = {"format": FORMAT, "rank": rank, "world_size": world_size,
             "created": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": os.uname().nodename if hasattr(os, "uname") else "", **(meta or {})}
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    partial.unlink(missing_ok=True)
     try:
-        with sqlite3.connect(partial) as db:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # a name no other thread or process writing the same target can have
+        handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial",
+                                        dir=target.parent)
+        os.close(handle)
+    except OSError as e:
+        raise _save_error(target, e) from e
+    partial = Path(name)
+    db = None
+    try:
+        db = sqlite3.connect(partial)
+        with db:
             names = [_quoted(name) for name in frame.columns]
             types = [_SQL_TYPES.get(kind.rstrip("0123456789"), "TEXT") for kind in kinds.values()]
             db.execute(f"CREATE TABLE {ROWS_TABLE} "
@@ -154,10 +167,20 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> 
             db.executemany(f"INSERT INTO {META_TABLE} VALUES (?, ?)",
                            [(k, json.dumps(v, default=str)) for k, v in info.items()])
         db.close()
+        db = None
         os.replace(partial, target)
+    except (OSError, sqlite3.Error) as e:  # a full disk, no permission: say which file
+        raise _save_error(target, e) from e
     finally:
+        if db is not None:  # an open connection would keep the deleted file's space
+            db.close()
         partial.unlink(missing_ok=True)
     return target
+
+
+def _save_error(target: Path, error: Exception) -> OSError:
+    number = getattr(error, "errno", None)
+    return OSError(number, f"could not save records to {str(target)!r}: {error}", str(target))
 
 
 def _quoted(name: Any) -> str:
@@ -195,22 +218,43 @@ def find(path_or_glob: str | os.PathLike | Iterable) -> list[Path]:
     return files
 
 
+class _NotRecords(ValueError):
+    """A readable file that is not (or not yet) one `load` understands; the message names it."""
+
+
 def _read_one(path: Path):
-    import pandas as pd
 
     if not _is_sqlite(path):
         raise ValueError(f"{str(path)!r} is not a file written by insp.save() (not SQLite)")
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    try:
+        return _read_tables(path)
+    except _NotRecords:
+        raise
+    except (sqlite3.Error, ValueError, TypeError, KeyError, RecursionError) as e:
+        raise ValueError(f"{str(path)!r} could not be read as saved records (truncated, or not "
+                         f"written by insp.save()): {type(e).__name__}: {e}") from e
+
+
+def _read_tables(path: Path):
+    import pandas as pd
+
+    # a path, never a URI: '#' or '%' in a file name would otherwise cut or change it
+    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+    db = sqlite3.connect(uri, uri=True)
+    try:
+        # Only real tables: a crafted view (a recursive one) could run without end.
+        tables = {row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not {ROWS_TABLE, COLUMNS_TABLE, META_TABLE} <= tables:
-            raise ValueError(f"{str(path)!r} is an SQLite file but not one written by insp.save()")
+            raise _NotRecords(f"{str(path)!r} is an SQLite file but not one written by insp.save()")
         meta = {k: json.loads(v) for k, v in db.execute(f"SELECT key, value FROM {META_TABLE}")}
         kinds = dict(db.execute(f"SELECT name, kind FROM {COLUMNS_TABLE} ORDER BY position"))
         frame = pd.read_sql_query(f"SELECT * FROM {ROWS_TABLE}", db)
-    db.close()
-    if meta.get("format", 0) > FORMAT:
-        raise ValueError(f"{str(path)!r} was written by a newer singlecard_nb (format "
-                         f"{meta['format']}); upgrade singlecard_nb to read it")
+    finally:
+        db.close()
+    if not isinstance(meta.get("format", 0), int) or meta.get("format", 0) > FORMAT:
+        raise _NotRecords(f"{str(path)!r} was written by a newer singlecard_nb (format "
+                         f"{meta['format']!r}); upgrade singlecard_nb to read it")
     for name, kind in kinds.items():
         frame[name] = _restore(frame[name], kind)
     return frame, meta

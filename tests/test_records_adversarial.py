@@ -1,0 +1,148 @@
+"""Saved records against unlucky and hostile files: odd names, two writers, broken and crafted
+files, failing disks. Each load error names the file; no file can make `load` run without end."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import singlecard_nb as scn
+from singlecard_nb.inspection import records
+
+
+def _recorded(scale: float = 1.0):
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    with torch.no_grad():
+        model[0].weight.fill_(scale)
+    with scn.inspect(model) as insp:
+        model(torch.ones(2, 4))
+    return insp
+
+
+@pytest.mark.parametrize(("name", "misread"), [("exp#2.db", "exp"), ("100%41.db", "100A.db"),
+                                              ("a?b.db", "a"), ("with space.db", "with")])
+def test_a_file_name_with_uri_characters_loads_its_own_rows(tmp_path, name, misread):
+    # sqlite's URI parsing once cut 'exp#2.db' at '#' and read 'exp' instead: another run
+    other = tmp_path / misread
+    _recorded(scale=5.0).save(other)
+    insp = _recorded(scale=1.0)
+    path = insp.save(tmp_path / name)
+    assert path.name == name
+    loaded = scn.load(path)
+    assert loaded["max"].max() == pytest.approx(insp.frame()["max"].max())
+    assert loaded["max"].max() != pytest.approx(scn.load(other)["max"].max())
+
+
+def test_two_threads_saving_to_one_path_leave_one_whole_file(tmp_path):
+    frames = [_recorded(scale=float(i + 1)).frame() for i in range(2)]
+    target = tmp_path / "run.db"
+    errors: list[BaseException] = []
+
+    def save(frame) -> None:
+        try:
+            for _ in range(20):
+                records.save(frame, target)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(f,)) for f in frames]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    loaded = scn.load(target)
+    assert len(loaded) == len(frames[0])  # one writer's file, whole
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".partial")]
+
+
+def test_a_truncated_file_among_ranks_is_named(tmp_path):
+    _recorded().save(tmp_path / "job.rank0.db")
+    _recorded().save(tmp_path / "job.rank1.db")
+    broken = tmp_path / "job.rank1.db"
+    broken.write_bytes(broken.read_bytes()[:1500])  # the header survives, the tables do not
+    with pytest.raises(ValueError, match="job.rank1.db"):
+        scn.load(tmp_path)
+
+
+def test_a_crafted_recursive_view_is_refused_at_once(tmp_path):
+    path = tmp_path / "crafted.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE record_columns (position INTEGER, name TEXT, kind TEXT);"
+        "CREATE TABLE record_meta (key TEXT, value TEXT);"
+        "CREATE VIEW records AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)"
+        " SELECT x FROM r;")
+    db.close()
+    # in a child with a time limit: reading such a view once grew memory without end
+    code = ("import singlecard_nb as scn, sys\n"
+            "try:\n    scn.load(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "crafted.db" in done.stdout and "not one written by insp.save" in done.stdout
+
+
+def test_deeply_nested_metadata_is_named_not_a_crash(tmp_path):
+    path = _recorded().save(tmp_path / "deep.db")
+    db = sqlite3.connect(path)
+    db.execute("UPDATE record_meta SET value = ? WHERE key = 'model'", ("[" * 100_000,))
+    db.commit()
+    db.close()
+    with pytest.raises(ValueError, match="deep.db"):
+        scn.load(path)
+
+
+def test_a_field_other_than_rank_in_a_path_says_what_is_accepted(tmp_path):
+    with pytest.raises(ValueError, match=r"\{date\}.*only field.*\{rank\}"):
+        _recorded().save(str(tmp_path / "{date}.db"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_folder_without_write_permission_is_named(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(OSError, match="locked"):
+            _recorded().save(folder / "run.db")
+    finally:
+        folder.chmod(0o700)
+
+
+def test_a_failing_write_names_the_file_and_leaves_no_partial_open(tmp_path, monkeypatch):
+    # A full disk, simulated: sqlite fails while writing rows.
+    real_connect = sqlite3.connect
+    opened: list[sqlite3.Connection] = []
+
+    class FullDisk(sqlite3.Connection):
+        def executemany(self, *args, **kwargs):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    def connect(*args, **kwargs):
+        db = real_connect(*args, factory=FullDisk, **kwargs)
+        opened.append(db)
+        return db
+
+    monkeypatch.setattr(records.sqlite3, "connect", connect)
+    with pytest.raises(OSError, match=r"run\.db.*disk is full"):
+        _recorded().save(tmp_path / "run.db")
+    monkeypatch.undo()
+    assert opened and all(_closed(db) for db in opened)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _closed(db: sqlite3.Connection) -> bool:
+    try:
+        db.execute("select 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
