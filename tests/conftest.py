@@ -7,11 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The statistics kernel is built once per test run into a cache of its own (inherited by the
+# kernels and interpreters tests start), never into the user's ~/.cache.
+os.environ.setdefault("SINGLECARD_NB_CACHE_DIR", tempfile.mkdtemp(prefix="singlecard_nb-cache-"))
 
 
 def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:

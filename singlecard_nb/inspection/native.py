@@ -2,13 +2,14 @@
 
 Taking min, max, sum, sum of squares and the zero count with torch costs about five reads of
 a tensor plus temporaries; `onepass.c` reads it once (measured in benchmarks/README.md). It is
-compiled with the system C compiler (`$CC`, else cc, gcc or clang) into a temporary folder,
-as a Python extension module (`onepass_module.c`) where Python's headers are installed, else as
-a plain library loaded with ctypes; it is checked against torch on a known tensor, and the
-folder is deleted. The
-build runs in a daemon thread, started by the first CPU tensor to reduce (`start()`), so no
-step ever waits for it: `kernels()` stays empty until it is ready, and the caller reduces with
-torch meanwhile.
+compiled with the system C compiler (`$CC`, else cc, gcc or clang) as a Python extension module
+(`onepass_module.c`) where Python's headers are installed, else as a plain library loaded with
+ctypes, and checked against torch on a known tensor. It is built once per machine and user, into
+a private cache (`cache_dir()`), named by everything that changes the build: the sources, the
+compiler, the flags, the Python, the CPU (`-march=native`) and torch's OpenMP library; a lock
+keeps the ranks of a job from building it together. The build runs in a daemon thread, started
+by the first CPU tensor to reduce (`start()`), so no step ever waits for it: `kernels()` stays
+empty until it is ready, and the caller reduces with torch meanwhile.
 When the build fails (no compiler, say), a warning says so once and torch is used from then
 on. `SINGLECARD_NB_NATIVE=0` turns the kernel off.
 """
@@ -17,23 +18,29 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
 import importlib.util
 import math
 import os
+import platform
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
 ENV = "SINGLECARD_NB_NATIVE"
+CACHE_ENV = "SINGLECARD_NB_CACHE_DIR"
 COMPILE_TIMEOUT_S = 120
 
 # kernel(data_ptr, n, exact, address): writes stats.RAW (8 doubles) of the n values that fill
@@ -119,61 +126,213 @@ def _build_in_background() -> None:
 
 def _compiler() -> str:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
+        path = name and shutil.which(name)
+        if path:
+            return path
     raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
 
 
-def _shares_torch_openmp() -> bool:
-    """Whether torch runs on GNU OpenMP: then `-fopenmp` reuses its thread pool (the loader
-    matches libgomp.so.1 by name) instead of starting a second one that would compete."""
+def torch_openmp(maps: str, torch_dir: str) -> str | None:
+    """The GNU OpenMP library torch itself runs on, from the text of /proc/self/maps: the
+    libgomp file in torch's own folder (wheels ship a renamed copy, libgomp-<hash>.so.1), else
+    the one libgomp the process has loaded. None when there is none, or several and none is
+    torch's: linking another would start a second OpenMP runtime beside torch's."""
+    found = sorted({line.split(None, 5)[5].strip() for line in maps.splitlines()
+                    if len(line.split(None, 5)) == 6
+                    and os.path.basename(line.split(None, 5)[5]).startswith("libgomp")})
+    mine = [path for path in found if path.startswith(torch_dir.rstrip(os.sep) + os.sep)]
+    if mine:
+        return mine[0]
+    return found[0] if len(found) == 1 else None
+
+
+def _torch_openmp_library() -> str | None:
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
+        return None
+    return torch_openmp(maps, os.path.dirname(os.path.realpath(torch.__file__)))
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept, per user: $SINGLECARD_NB_CACHE_DIR, else
+    $XDG_CACHE_HOME/singlecard_nb or ~/.cache/singlecard_nb."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "singlecard_nb")
+
+
+def _private_folder(folder: Path) -> bool:
+    """Create `folder` for this user only; False when it is not safe to load code from (owned
+    by someone else, or writable by others): then the kernel is built in a temporary folder."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
         return False
-    return "libgomp" in maps and "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return False
+    return not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: a kernel built on one CPU may not run on another (a
+    home directory shared by the nodes of a cluster)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in keep]
+    return "\n".join(dict.fromkeys(lines))  # the first CPU's; the others repeat it
+
+
+def _compiler_identity(cc: str) -> str:
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+
+
+def _key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
+    """A built kernel's name: everything that changes what the compiler makes of the sources."""
+    digest = hashlib.sha256()
+    for part in (cc, _compiler_identity(cc), str(openmp), sys.version, sys.platform,
+                 sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
+                 _cpu_identity(), repr(_FLAG_SETS), *sources.values()):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:24]
+
+
+def _run_compiler(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run the compiler in a session of its own: on a time-out the whole group goes (cc's own
+    children, cc1 and as, would otherwise keep running)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+# Most to least specific; the first that compiles wins. Never -ffast-math: NaN must stay NaN.
+_FLAG_SETS = (("-march=native",), ())
 
 
 def _build() -> dict[torch.dtype, Kernel]:
+    """Load the kernels built for this machine, or build them (once per machine and user:
+    a lock keeps concurrent builders, the ranks of a torchrun job, from building together)."""
     cc = _compiler()
-    # Most to least specific; the first that compiles wins. Never -ffast-math: NaN must stay NaN.
-    flag_sets = [["-march=native"], []]
-    if _shares_torch_openmp():
-        flag_sets.insert(0, ["-march=native", "-fopenmp"])
-    # The extension module first: a call costs ~0.1 us against ~0.5 us through ctypes, which
-    # matters for the many small tensors of a model's step. Without Python's headers (Debian's
-    # python3 without python3-dev), the same kernels load through ctypes.
-    builds = [("onepass.c", [], _load_library)]
+    openmp = _torch_openmp_library()
+    package = resources.files(__package__)
+    sources = {name: package.joinpath(name).read_text() for name in ("onepass.c",
+                                                                     "onepass_module.c")}
+    folder = cache_dir()
+    if not _private_folder(folder):
+        return _build_in(Path(_temporary_folder()), cc, openmp, sources, keep=False)
+    key = _key(cc, openmp, sources)
+    with open(folder / f"{key}.lock", "a") as lock:
+        _lock_file(lock)  # released when the file closes
+        for _source, _extra, kind in _builds():
+            built = folder / f"onepass-{key}-{kind}"
+            if not built.is_file():
+                continue
+            try:
+                kernels = _LOADERS[kind](built)
+                _self_test(kernels)
+                return kernels
+            except (ImportError, OSError, RuntimeError):
+                built.unlink(missing_ok=True)  # broken or stale: build it again
+        return _build_in(folder, cc, openmp, sources, keep=True, key=key)
+
+
+def _builds() -> list[tuple[str, list[str], str]]:
+    """(source, extra flags, kind of library) in order of preference. The extension module
+    first: a call costs ~0.1 us against ~0.5 us through ctypes, which matters for the many
+    small tensors of a model's step. Without Python's headers (Debian's python3 without
+    python3-dev), the same kernels load through ctypes."""
+    builds = [("onepass.c", [], "ctypes.so")]
     headers = _python_headers()
     if headers is not None:
-        builds.insert(0, ("onepass_module.c", [f"-I{headers}", *_EXTENSION_FLAGS], _load_module))
-    folder = tempfile.mkdtemp(prefix="singlecard_nb-")
-    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
+        builds.insert(0, ("onepass_module.c", [f"-I{headers}", *_EXTENSION_FLAGS], "module.so"))
+    return builds
+
+
+def _build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str], *,
+              keep: bool, key: str = "") -> dict[torch.dtype, Kernel]:
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
     try:
-        package = resources.files(__package__)
-        for name in ("onepass.c", "onepass_module.c"):
-            Path(folder, name).write_text(package.joinpath(name).read_text())
+        for name, text in sources.items():
+            Path(work, name).write_text(text)
+        variants = [(flags, None) for flags in _FLAG_SETS]
+        if openmp is not None:  # link torch's own OpenMP library, by its path, not -lgomp
+            variants.insert(0, ((*_FLAG_SETS[0], "-fopenmp"), openmp))
         error = ""
-        for source, extra, load in builds:
-            for i, flags in enumerate(flag_sets):
-                lib_path = Path(folder, f"{Path(source).stem}{i}.so")
-                done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, *extra,
-                                       str(Path(folder, source)), "-o", str(lib_path)],
-                                      capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-                if done.returncode != 0:
-                    last = done.stderr.strip().splitlines()[-1:]
-                    error = last[0] if last else f"exit status {done.returncode}"
+        for source, extra, kind in _builds():
+            for i, (flags, library) in enumerate(variants):
+                lib_path = Path(work, f"{i}-{kind}")
+                error = _compile(cc, Path(work, source), flags, extra, library, lib_path)
+                if error:
                     continue
                 try:
-                    kernels = load(lib_path)  # stays loaded after the file is deleted
+                    kernels = _LOADERS[kind](lib_path)  # stays loaded after the file goes
                 except (ImportError, OSError) as e:  # e.g. headers of another Python
                     error = f"{type(e).__name__}: {e}"
                     break  # the next way of building
                 _self_test(kernels)
+                if keep:  # for the next process: moved into place whole
+                    os.replace(lib_path, folder / f"onepass-{key}-{kind}")
                 return kernels
         raise RuntimeError(f"{cc} failed: {error}")
     finally:
-        shutil.rmtree(folder, ignore_errors=True)  # a loaded library may stay (Windows)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _compile(cc: str, source: Path, flags: Sequence[str], extra: list[str],
+             library: str | None, output: Path) -> str:
+    """Compile `source` into `output`; the compiler's last line of error, or "" when done.
+    With an OpenMP `library`, compiling and linking are two steps: `-fopenmp` at link time
+    would add the system's libgomp beside torch's."""
+    common = [cc, "-O3", "-fPIC", *flags, *extra]
+    if library is None:
+        steps = [[*common, "-shared", str(source), "-o", str(output)]]
+    else:
+        objects = output.with_suffix(".o")
+        steps = [[*common, "-c", str(source), "-o", str(objects)],
+                 [cc, "-shared", str(objects), library,
+                  f"-Wl,-rpath,{os.path.dirname(library)}", "-o", str(output)]]
+    for command in steps:
+        done = _run_compiler(command, COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1:]
+            return last[0] if last else f"exit status {done.returncode}"
+    return ""
+
+
+def _temporary_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="singlecard_nb-")
+    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
+    return folder
+
+
+def _lock_file(handle: Any) -> None:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no cc there anyway
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
 
 
 # macOS links an extension's Python symbols when it is loaded, as Linux does by default.
@@ -219,6 +378,8 @@ def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
         kernels[dtype] = _bind(*fns)
     return kernels
 
+
+_LOADERS = {"module.so": lambda path: _load_module(path), "ctypes.so": lambda path: _load_library(path)}
 
 GIL_RELEASE_NUMEL = 1 << 16  # from this size (~10 us of reading) other threads may run
 

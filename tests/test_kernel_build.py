@@ -1,0 +1,138 @@
+"""The kernel is built once per machine and user, safely: a private cache, one builder at a
+time, a compiler that hangs is stopped with all its children, torch's own OpenMP library."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from singlecard_nb.inspection import native
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ("import json, sys\n"
+         "from singlecard_nb.inspection import native\n"
+         "ok = native.wait(240)\n"
+         "print(json.dumps({'ok': ok, 'status': native.status()}))\n")
+
+
+def _logging_compiler(tmp_path: Path) -> tuple[Path, Path]:
+    """A cc that notes each call in a log, then runs the real one."""
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "logging-cc"
+    cc.write_text(f"#!/bin/sh\necho \"$$ $*\" >> {log}\nexec cc \"$@\"\n")
+    cc.chmod(0o755)
+    return cc, log
+
+
+def _start(cache: Path, cc: Path) -> subprocess.Popen:
+    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(cache), "CC": str(cc)}
+    return subprocess.Popen([sys.executable, "-c", BUILD], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _result(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_kernel_without_compiling(tmp_path):
+    cc, log = _logging_compiler(tmp_path)
+    cache = tmp_path / "cache"
+    first = _result(_start(cache, cc))
+    assert first["ok"], first
+    calls = log.read_text().count("-o ")
+    assert calls >= 1
+    assert (cache.stat().st_mode & 0o777) == 0o700  # the user's own: nobody else's code loads
+    second = _result(_start(cache, cc))
+    assert second["ok"] and "one-pass kernel for" in second["status"]
+    assert log.read_text().count("-o ") == calls  # no compiler ran the second time
+
+
+@pytest.mark.slow
+def test_ranks_starting_together_build_once(tmp_path):
+    cc, log = _logging_compiler(tmp_path)
+    cache = tmp_path / "cache"
+    processes = [_start(cache, cc) for _ in range(3)]  # three ranks of a job
+    assert all(_result(p)["ok"] for p in processes)
+    builders = {line.split()[0] for line in log.read_text().splitlines()}
+    linked = [line for line in log.read_text().splitlines() if "-shared" in line]
+    assert len(linked) == 1, linked  # one build, shared by all three
+    assert len(builders) >= 1
+
+
+@pytest.mark.slow
+def test_a_cache_others_can_write_is_not_trusted(tmp_path):
+    cc, log = _logging_compiler(tmp_path)
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    result = _result(_start(cache, cc))
+    assert result["ok"]  # built in a temporary folder instead
+    assert not list(cache.glob("onepass-*"))
+
+
+def test_a_compiler_that_hangs_is_stopped_with_its_children(tmp_path):
+    pids = tmp_path / "pids"
+    hanging = tmp_path / "hanging-cc"
+    # like cc, which runs cc1 and as as children: the child must go too
+    hanging.write_text(f"#!/bin/sh\nsleep 300 &\necho $! >> {pids}\nsleep 300\n")
+    hanging.chmod(0o755)
+    began = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        native._run_compiler([str(hanging)], timeout=1)
+    assert time.monotonic() - began < 30
+    child = int(pids.read_text().split()[0])
+    for _ in range(50):
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or "Z" in _state(child), "cc's child still runs"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+MAPS = """\
+7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0
+7f02-7f03 r-xp 00000000 08:01 2 /venv/lib/torch/lib/libgomp-a34b3233.so.1
+7f04-7f05 r-xp 00000000 08:01 3 /venv/lib/torch/lib/libtorch_cpu.so
+7f06-7f07 rw-p 00000000 00:00 0 [heap]
+"""
+
+
+def test_the_openmp_library_is_torchs_own_even_when_renamed():
+    assert native.torch_openmp(MAPS, "/venv/lib/torch") == "/venv/lib/torch/lib/libgomp-a34b3233.so.1"
+
+
+def test_without_torchs_own_libgomp_one_loaded_libgomp_is_used_and_two_are_not():
+    system_only = MAPS.splitlines()[0] + "\n"
+    assert native.torch_openmp(system_only, "/venv/lib/torch").endswith("libgomp.so.1.0.0")
+    two_elsewhere = system_only + "7f08-7f09 r-xp 0 08:01 4 /opt/other/libgomp.so.1\n"
+    assert native.torch_openmp(two_elsewhere, "/venv/lib/torch") is None
+    assert native.torch_openmp("7f06-7f07 rw-p 00000000 00:00 0 [heap]\n", "/t") is None
+
+
+def test_the_built_kernel_links_the_openmp_library_torch_runs_on():
+    if not native.wait(240):
+        pytest.skip(f"no kernel here: {native.status()}")
+    library = native._torch_openmp_library()
+    if library is None:
+        pytest.skip("torch here does not run on GNU OpenMP")
+    built = sorted(native.cache_dir().glob("onepass-*.so"))
+    assert built
+    ldd = subprocess.run(["ldd", str(built[0])], capture_output=True, text=True).stdout
+    gomp = [line for line in ldd.splitlines() if "gomp" in line]
+    assert gomp and all(os.path.realpath(library) in os.path.realpath(
+        line.split("=>")[1].split("(")[0].strip()) for line in gomp), ldd
