@@ -13,8 +13,8 @@ import traceback
 from typing import Any, Callable
 
 from .. import borrow, session
-from ..pinning import devices, pinning
-from ..pinning.devices import gib
+from ..pinning import devices, pinning, render
+from ..pinning.render import Column, Row, gib, mig_label, mig_number
 
 _BAR_COLOURS = ((0.9, "#d62728"), (0.6, "#ff7f0e"), (0.0, "#2ca02c"))  # used fraction -> colour
 
@@ -41,15 +41,6 @@ def memory_bar(used: int | None, total: int | None, width_px: int = 120) -> str:
         f'border-radius:2px"></span></span> '
         f'<span style="font-size:11px">{gib(used)} / {gib(total)} GiB</span>'
     )
-
-
-def _users(gpu: Any) -> str:
-    processes = list(getattr(gpu, "processes", ()) or ())
-    if not processes:
-        return "idle"
-    users = sorted({p.user for p in processes if p.user})
-    text = f"{len(processes)} process{'es' if len(processes) != 1 else ''}"
-    return text + (f": {', '.join(users)}" if users else "")
 
 
 def _auto_choice(machine: Any) -> tuple[str | None, str]:
@@ -379,49 +370,12 @@ def _drawn_as(machine: Any, uuid: str) -> str:
             return f"GPU {gpu.index} ({uuid})"
         for mig in gpu.mig:
             if mig.uuid == uuid:
-                return f"MIG device {gpu.index}:{mig.index} ({uuid})"
+                return f"MIG device {mig_number(gpu.index, mig.index)} ({uuid})"
     return uuid
 
 
-def _util_text(gpu: Any) -> str:
-    if gpu.utilization is not None:
-        return f"{gpu.utilization} %"
-    return "?" if gpu.why_unknown("utilization") else "–"
-
-
-def _table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "") -> str:
-    if not machine.gpus:
-        reason = html.escape(machine.reason or "no GPU found")
-        return (f"<div style='padding:4px 0'>No GPUs: {reason}. "
-                "The CPU can still be pinned (it hides every GPU from this kernel).</div>")
-    cell = "style='padding:2px 8px;text-align:left'"
-    head = "".join(f"<th {cell}>{h}</th>" for h in
-                   ("#", "name", "UUID", "memory", "util", "used by", ""))
-    rows = []
-    for gpu in machine.gpus:
-        users = _users(gpu) if gpu.processes_known else "?"
-        rows.append(_row_html(cell, "singlecard-gpu", str(gpu.index), gpu, gpu.memory_used,
-                              gpu.memory_total, _util_text(gpu), users, auto, pinned))
-        for mig in gpu.mig:
-            rows.append(_row_html(cell, "singlecard-mig", f"{gpu.index}:{mig.index}", mig,
-                                  mig.memory_used, mig.memory_total, "", "", auto, pinned,
-                                  name=f"MIG {mig.name}"))
-    notes = []
-    if why:
-        colour = "#06c" if auto else "#c60"
-        mark = "★ " if auto else ""
-        notes.append(f"<div style='font-size:11px;color:{colour}'>{mark}{html.escape(why)}</div>")
-    notes += [f"<div style='font-size:11px;color:#c60'>{html.escape(line)}</div>"
-              for line in devices.problems(machine)]
-    return (f"<table class='singlecard-gpus' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            + "".join(notes))
-
-
-def _row_html(cell: str, css_class: str, index: str, device: Any, used: int | None,
-              total: int | None, util: str, users: str, auto: str | None, pinned: str | None,
-              name: str | None = None) -> str:
-    uuid = device.uuid
+def _marks(row: Row, auto: str | None, pinned: str | None) -> str:
+    device, uuid = row.device, row.device.uuid
     marks = []
     if uuid and uuid == pinned:
         marks.append("<b style='color:#060'>● pinned</b>")  # no emoji: many fonts lack it
@@ -432,18 +386,61 @@ def _row_html(cell: str, css_class: str, index: str, device: Any, used: int | No
                      "unusable</span>")
     elif not device.in_allocation:
         marks.append("<span style='color:#999'>outside allocation</span>")
-    if uuid and uuid == pinned:
-        background = " style='background:#eaf6ea'"
-    elif device.unusable is not None or not device.in_allocation:
-        background = " style='color:#999'"
-    else:
-        background = ""
-    uuid_cell = (f"<code title='{html.escape(uuid)}'>{html.escape(short_uuid(uuid))}</code>"
-                 if uuid else "?")
-    cells = (html.escape(index), html.escape(name or device.name), uuid_cell,
-             memory_bar(used, total), html.escape(util), html.escape(users), " ".join(marks))
-    return f"<tr class='{css_class}'{background}>" + "".join(
-        f"<td {cell}>{c}</td>" for c in cells) + "</tr>"
+    return " ".join(marks)
+
+
+def _uuid_html(row: Row) -> str:
+    uuid = row.device.uuid
+    return (f"<code title='{html.escape(uuid)}'>{html.escape(short_uuid(uuid))}</code>"
+            if uuid else "?")
+
+
+def _columns(auto: str | None, pinned: str | None) -> tuple[Column, ...]:
+    """The picker's columns of the one GPU table (`render.table_html`)."""
+    return (
+        Column("#", lambda r: r.label),
+        Column("name", lambda r: r.device.name),
+        Column("UUID", lambda r: r.device.uuid or "?", _uuid_html),
+        Column("memory", Row.memory,
+               lambda r: memory_bar(r.device.memory_used, r.device.memory_total)),
+        Column("util", Row.utilization),
+        Column("used by", lambda r: r.processes(render.users_text)),
+        Column("", lambda r: "", lambda r: _marks(r, auto, pinned)),
+    )
+
+
+def _row_attributes(pinned: str | None) -> Callable[[Row], str]:
+    def attributes(row: Row) -> str:
+        css_class = "singlecard-gpu" if row.mig is None else "singlecard-mig"
+        device = row.device
+        if device.uuid and device.uuid == pinned:
+            style = " style='background:#eaf6ea'"
+        elif device.unusable is not None or not device.in_allocation:
+            style = " style='color:#999'"
+        else:
+            style = ""
+        return f" class='{css_class}'{style}"
+
+    return attributes
+
+
+def _table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "") -> str:
+    if not machine.gpus:
+        reason = html.escape(machine.reason or "no GPU found")
+        return (f"<div style='padding:4px 0'>No GPUs: {reason}. "
+                "The CPU can still be pinned (it hides every GPU from this kernel).</div>")
+    table = render.table_html(
+        machine, _columns(auto, pinned), row_attributes=_row_attributes(pinned),
+        table_attributes=" class='singlecard-gpus' style='border-collapse:collapse;font-size:12px'",
+        cell_attributes=" style='padding:2px 8px;text-align:left'")
+    notes = []
+    if why:
+        colour = "#06c" if auto else "#c60"
+        mark = "★ " if auto else ""
+        notes.append(f"<div style='font-size:11px;color:{colour}'>{mark}{html.escape(why)}</div>")
+    notes += [f"<div style='font-size:11px;color:#c60'>{html.escape(line)}</div>"
+              for line in render.problems(machine)]
+    return table + "".join(notes)
 
 
 def _options(machine: Any, auto: str | None, show_outside: bool = False) -> list[tuple[str, str]]:
@@ -460,7 +457,7 @@ def _options(machine: Any, auto: str | None, show_outside: bool = False) -> list
                 continue
             star = "  ★ auto" if mig.uuid == auto else ""
             outside = "" if mig.in_allocation else "  (outside allocation: forced)"
-            options.append((f"  MIG {gpu.index}:{mig.index} · {mig.name} · "
+            options.append((f"  {mig_label(gpu.index, mig.index)} · {mig.name} · "
                             f"{short_uuid(mig.uuid)}{star}{outside}", mig.uuid))
     options.append(("CPU (hide all GPUs)", "cpu"))
     return options
