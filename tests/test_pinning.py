@@ -471,3 +471,47 @@ def test_too_late_on_a_real_gpu_is_soft_and_selects_the_device():
     assert out["device"] == f"cuda:{out['current']}"
     assert out["uuid"].lower().removeprefix("gpu-") == uuid.lower().removeprefix("gpu-")
 
+
+# --- soft pins through torch itself (no pinning internals replaced) ---------------------------
+
+class FakeCudaTorch:
+    """torch.cuda of a started 3-GPU process, faked at torch's own functions: what the real
+    pin and single-card mode end up calling. Installed before single-card mode patches any."""
+
+    def __init__(self, monkeypatch, uuids=(GPU0, GPU1, GPU2)):
+        self.current, self.uuids = 0, uuids
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.uuids))
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda ordinal: type("Properties", (), {"uuid": self.uuids[ordinal]}))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "set_device", self.set_device)
+
+    def set_device(self, device):
+        self.current = device if isinstance(device, int) else torch.device(device).index
+
+
+@pytest.mark.parametrize("single_card", [True, False])
+def test_a_soft_re_pin_gives_back_the_device_current_before_the_first_pin(env, monkeypatch,
+                                                                          single_card):
+    cuda = FakeCudaTorch(monkeypatch)
+    try:
+        first = session.pin(1, environ=env, driver=STARTED, single_card=single_card)
+        assert (first.mode, first.torch_device, cuda.current) == ("soft", torch.device("cuda", 1), 1)
+        second = session.pin(2, environ=env, driver=STARTED, single_card=single_card)
+        assert (second.torch_device, cuda.current) == (torch.device("cuda", 2), 2)
+    finally:
+        session.release()
+    assert cuda.current == 0  # torch's current device before the first pin
+
+
+def test_a_soft_re_pin_with_the_default_device_sets_the_new_one(env, monkeypatch):
+    FakeCudaTorch(monkeypatch)
+    try:
+        session.pin(1, environ=env, driver=STARTED, set_default=True)
+        session.pin(2, environ=env, driver=STARTED, set_default=True)
+        assert torch.get_default_device() == torch.device("cuda", 2)
+    finally:
+        session.release()
+    assert torch.get_default_device() == torch.device("cpu")

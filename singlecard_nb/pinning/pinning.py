@@ -12,6 +12,7 @@ it by `singlecard_nb.session`, which is what `singlecard_nb.pin()` and `%singlec
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections.abc import MutableMapping
@@ -335,13 +336,27 @@ def _torch_ordinal_for_uuid(uuid: str) -> int | None:
     return None
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def own(function: Any) -> Any:
+    """`function` without singlecard_nb's own wrappers (single-card mode's patches keep
+    `__wrapped__`): torch's function, never a patch that sends devices to the old pin."""
+    def ours(f: Any) -> bool:
+        code = getattr(f, "__code__", None)
+        return code is not None and os.path.abspath(code.co_filename).startswith(_PACKAGE)
+
+    return inspect.unwrap(function, stop=lambda f: not ours(f))
+
+
 def _select_current_device(ordinal: int, owner: borrow.Borrowed) -> None:
     """Make `cuda:ordinal` torch's current device, restoring the previous one on release."""
     import torch
 
-    previous = torch.cuda.current_device()
-    torch.cuda.set_device(ordinal)
-    owner.on_restore(lambda: torch.cuda.set_device(previous), "torch.cuda current device")
+    set_device = own(torch.cuda.set_device)
+    previous = own(torch.cuda.current_device)()
+    set_device(ordinal)
+    owner.on_restore(lambda: set_device(previous), "torch.cuda current device")
 
 
 def _set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
@@ -351,8 +366,9 @@ def _set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
     # CUDA, so read the global context torch.set_default_device itself keeps.
     context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
     previous = None if context is None else context.device
-    torch.set_default_device(device)
-    owner.on_restore(lambda: torch.set_default_device(previous), "torch default device")
+    set_default = own(torch.set_default_device)
+    set_default(device)
+    owner.on_restore(lambda: set_default(previous), "torch default device")
 
 
 def _no_cuda_torch_note() -> str:
