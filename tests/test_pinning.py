@@ -15,7 +15,7 @@ import torch
 
 from singlecard_nb import borrow, session
 from singlecard_nb.parallel import single_card as parallel
-from singlecard_nb.pinning import devices, pinning
+from singlecard_nb.pinning import devices, pinning, torch_side
 from singlecard_nb.pinning import driver as driver_probe
 from singlecard_nb.pinning.devices import Machine
 from singlecard_nb.pinning.driver import DriverState
@@ -213,13 +213,13 @@ def torch_sees_four_gpus(monkeypatch):
     """Stand in for a CUDA torch whose driver started with all four GPUs (in PCI order)."""
     selected = []
     ordinals = {GPU0: 0, GPU1: 1, GPU2: 2}
-    monkeypatch.setattr(pinning, "_torch_ordinal_for_uuid", ordinals.get)
+    monkeypatch.setattr(torch_side, "torch_ordinal_for_uuid", ordinals.get)
 
     def select(ordinal, owner):
         selected.append(ordinal)
         owner.on_restore(lambda: selected.append(("restored", ordinal)), "current device")
 
-    monkeypatch.setattr(pinning, "_select_current_device", select)
+    monkeypatch.setattr(torch_side, "select_current_device", select)
     return selected
 
 
