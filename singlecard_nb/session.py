@@ -86,6 +86,8 @@ def pin(
 
 def release() -> None:
     """Undo the pin: single-card mode off, torch defaults and environment variables restored."""
+    global _single_card_pin
+    _single_card_pin = None
     try:
         if _SINGLE_CARD in sys.modules:
             _parallel().disable()  # idempotent: also ends a `single-card on` without a pin

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from .. import borrow
 from . import devices, torch_side
 from . import driver as driver_probe
-from .devices import Machine
 from .driver import DriverState
+from .model import Machine
 from .plan import PinPlan, plan_pin
 from .state import ENV_VARS, PinState, env_values, environ_before
 from .targets import Choice, TargetError, auto, normalise
