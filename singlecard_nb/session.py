@@ -32,6 +32,10 @@ _NATIVE = f"{__package__}.inspection.native"  # inspection's one-read statistics
 current = pinning.current
 device = pinning.device
 
+# The pin that asked for single-card mode (`pin(single_card=True)`), for status to say so; a pin
+# is a new object each time, so a later pin (or none) is never mistaken for it.
+_single_card_pin: PinState | None = None
+
 
 def gpus() -> Machine:
     """The GPUs as this kernel sees them (`singlecard_nb.gpus()`): a table that marks the ones
@@ -63,9 +67,10 @@ def pin(
     force: allow a GPU outside the kernel's allocation (its CUDA_VISIBLE_DEVICES before the pin).
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
     """
+    global _single_card_pin
     state = pinning.pin(target, set_default=set_default, force=force, environ=environ,
                         machine=machine, driver=driver)
-    state.single_card = single_card
+    _single_card_pin = state if single_card else None
     committed = False
     try:
         if single_card:
@@ -81,6 +86,8 @@ def pin(
 
 def release() -> None:
     """Undo the pin: single-card mode off, torch defaults and environment variables restored."""
+    global _single_card_pin
+    _single_card_pin = None
     try:
         if _SINGLE_CARD in sys.modules:
             _parallel().disable()  # idempotent: also ends a `single-card on` without a pin
@@ -132,5 +139,7 @@ def status() -> report.Status:
     # The same for inspection: its kernel is reported once inspection has met a CPU tensor.
     native = sys.modules.get(_NATIVE)
     statistics = native.status() if native is not None and native.started() else None
-    return report.build_status(pinning.current(), pinning.pinned_environ(), active=active,
-                               parallel=parallel, statistics=statistics)
+    state = pinning.current()
+    return report.build_status(state, pinning.pinned_environ(), active=active,
+                               parallel=parallel, statistics=statistics,
+                               single_card=state is not None and state is _single_card_pin)

@@ -103,7 +103,7 @@ def test_each_target_form(ip, capsys, line, visible):
 
 def test_options(ip):
     run(ip, "%singlecard 0 --no-single-card")
-    assert pinning.current().single_card is False and not session.single_card()
+    assert session.status().single_card is False and not session.single_card()
     assert torch.get_default_device() == torch.device("cpu")
     run(ip, "%singlecard 0 --default-device")
     assert session.single_card() and torch.get_default_device() == torch.device("cuda", 0)

@@ -15,7 +15,7 @@ import torch
 
 from singlecard_nb import borrow, session
 from singlecard_nb.parallel import single_card as parallel
-from singlecard_nb.pinning import devices, pinning
+from singlecard_nb.pinning import devices, pinning, torch_side
 from singlecard_nb.pinning import driver as driver_probe
 from singlecard_nb.pinning.devices import Machine
 from singlecard_nb.pinning.driver import DriverState
@@ -213,13 +213,13 @@ def torch_sees_four_gpus(monkeypatch):
     """Stand in for a CUDA torch whose driver started with all four GPUs (in PCI order)."""
     selected = []
     ordinals = {GPU0: 0, GPU1: 1, GPU2: 2}
-    monkeypatch.setattr(pinning, "_torch_ordinal_for_uuid", ordinals.get)
+    monkeypatch.setattr(torch_side, "torch_ordinal_for_uuid", ordinals.get)
 
     def select(ordinal, owner):
         selected.append(ordinal)
         owner.on_restore(lambda: selected.append(("restored", ordinal)), "current device")
 
-    monkeypatch.setattr(pinning, "_select_current_device", select)
+    monkeypatch.setattr(torch_side, "select_current_device", select)
     return selected
 
 
@@ -471,3 +471,47 @@ def test_too_late_on_a_real_gpu_is_soft_and_selects_the_device():
     assert out["device"] == f"cuda:{out['current']}"
     assert out["uuid"].lower().removeprefix("gpu-") == uuid.lower().removeprefix("gpu-")
 
+
+# --- soft pins through torch itself (no pinning internals replaced) ---------------------------
+
+class FakeCudaTorch:
+    """torch.cuda of a started 3-GPU process, faked at torch's own functions: what the real
+    pin and single-card mode end up calling. Installed before single-card mode patches any."""
+
+    def __init__(self, monkeypatch, uuids=(GPU0, GPU1, GPU2)):
+        self.current, self.uuids = 0, uuids
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.uuids))
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda ordinal: type("Properties", (), {"uuid": self.uuids[ordinal]}))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "set_device", self.set_device)
+
+    def set_device(self, device):
+        self.current = device if isinstance(device, int) else torch.device(device).index
+
+
+@pytest.mark.parametrize("single_card", [True, False])
+def test_a_soft_re_pin_gives_back_the_device_current_before_the_first_pin(env, monkeypatch,
+                                                                          single_card):
+    cuda = FakeCudaTorch(monkeypatch)
+    try:
+        first = session.pin(1, environ=env, driver=STARTED, single_card=single_card)
+        assert (first.mode, first.torch_device, cuda.current) == ("soft", torch.device("cuda", 1), 1)
+        second = session.pin(2, environ=env, driver=STARTED, single_card=single_card)
+        assert (second.torch_device, cuda.current) == (torch.device("cuda", 2), 2)
+    finally:
+        session.release()
+    assert cuda.current == 0  # torch's current device before the first pin
+
+
+def test_a_soft_re_pin_with_the_default_device_sets_the_new_one(env, monkeypatch):
+    FakeCudaTorch(monkeypatch)
+    try:
+        session.pin(1, environ=env, driver=STARTED, set_default=True)
+        session.pin(2, environ=env, driver=STARTED, set_default=True)
+        assert torch.get_default_device() == torch.device("cuda", 2)
+    finally:
+        session.release()
+    assert torch.get_default_device() == torch.device("cpu")

@@ -55,7 +55,7 @@ def test_picker_lists_gpus_mig_devices_and_the_cpu(machine):
     table = panel.table.value
     assert table.count("class='singlecard-gpu'") == 4
     assert table.count("class='singlecard-mig'") == 2
-    for text in ("GPU-2f6d2c1a", "NVIDIA A100-SXM4-80GB", "97 %", "1 process: alice",
+    for text in ("GPU-2f6d2c1a", "NVIDIA A100-SXM4-80GB", "97%", "1 process: alice",
                  "2 processes: bob, carol", "60.0 / 80.0 GiB", "idle"):
         assert text in table
     values = [value for _, value in panel.choice.options]

@@ -159,7 +159,7 @@ class SingleCardMagics(Magics):
             print("Nothing was pinned.")
             return
         message = "Unpinned: CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are as they were before."
-        if state.hard and state.mode == "hard" and driver_probe.driver_state().started:
+        if state.mode == "hard" and driver_probe.driver_state().started:
             message += (" CUDA started while pinned, so this process keeps seeing only "
                         f"{state.describe_device()} until the kernel restarts.")
         print(message)

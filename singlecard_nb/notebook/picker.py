@@ -1,7 +1,8 @@
 """The device picker (ipywidgets): every GPU with its memory, load and users; Pin, Unpin, Refresh.
 
 It only reads the pin wing (`devices`, what `auto` would choose) and pins through `session`, so
-the picker and `%singlecard` always agree; nothing here decides which device to pin.
+the picker and `%singlecard` always agree; nothing here decides which device to pin. What it
+draws (the table, the pin line, the choices) is picker_view.py.
 ipywidgets is imported when a picker is made, so importing this module costs nothing.
 """
 
@@ -14,42 +15,10 @@ from typing import Any, Callable
 
 from .. import borrow, session
 from ..pinning import devices, pinning
-from ..pinning.devices import gib
+from . import picker_view as view
+from .picker_view import memory_bar, short_uuid
 
-_BAR_COLOURS = ((0.9, "#d62728"), (0.6, "#ff7f0e"), (0.0, "#2ca02c"))  # used fraction -> colour
-
-
-# --- small renderers (pure functions, tested directly) --------------------------------------
-
-
-def short_uuid(uuid: str) -> str:
-    """`GPU-2f6d2c1a-...` -> `GPU-2f6d2c1a` (what people type as a unique prefix)."""
-    head, _, rest = uuid.partition("-")
-    return f"{head}-{rest[:8]}" if rest else uuid[:12]
-
-
-def memory_bar(used: int | None, total: int | None, width_px: int = 120) -> str:
-    """HTML bar of used/total memory with the figures beside it."""
-    if not total or used is None:
-        return "<span>?</span>"
-    fraction = min(max(used / total, 0.0), 1.0)
-    colour = next(c for threshold, c in _BAR_COLOURS if fraction >= threshold)
-    return (
-        f'<span style="display:inline-block;width:{width_px}px;height:9px;background:#e6e6e6;'
-        f'vertical-align:middle;border-radius:2px">'
-        f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;background:{colour};'
-        f'border-radius:2px"></span></span> '
-        f'<span style="font-size:11px">{gib(used)} / {gib(total)} GiB</span>'
-    )
-
-
-def _users(gpu: Any) -> str:
-    processes = list(getattr(gpu, "processes", ()) or ())
-    if not processes:
-        return "idle"
-    users = sorted({p.user for p in processes if p.user})
-    text = f"{len(processes)} process{'es' if len(processes) != 1 else ''}"
-    return text + (f": {', '.join(users)}" if users else "")
+__all__ = ["memory_bar", "picker", "short_uuid"]  # and Picker, made on first use
 
 
 def _auto_choice(machine: Any) -> tuple[str | None, str]:
@@ -61,11 +30,6 @@ def _auto_choice(machine: Any) -> tuple[str | None, str]:
     except pinning.TargetError as e:  # e.g. an allocation with no GPU: say so, offer the CPU
         return None, str(e)
     return choice.uuid, choice.note
-
-
-def _offered(device: Any, show_outside: bool) -> bool:
-    """Whether the Device list offers this GPU or MIG device (never one that cannot be pinned)."""
-    return device.unusable is None and (device.in_allocation or show_outside)
 
 
 # --- device picker --------------------------------------------------------------------------
@@ -166,12 +130,12 @@ def _make_picker_class() -> Any:
             state = self._drawn_state = session.current()
             auto, why = _auto_choice(machine)
             pinned_uuid = None if state is None else state.uuid
-            self.header.value = _header_html(machine, state)
-            self.table.value = _table_html(machine, auto, pinned_uuid, why)
+            self.header.value = view.header_html(machine, state)
+            self.table.value = view.table_html(machine, auto, pinned_uuid, why)
             outside = any(d.unusable is None and not d.in_allocation
                           for g in machine.gpus for d in (g, *g.mig))
             self.show_outside.layout.display = None if outside else "none"
-            options = _options(machine, auto, self.show_outside.value)
+            options = view.options(machine, auto, self.show_outside.value)
             previous = self.choice.value
             self.choice.options = options
             values = [value for _, value in options]
@@ -249,18 +213,18 @@ def _make_picker_class() -> Any:
                 drawn, now = self.machine, self._reader()
                 with self._lock:
                     self.machine = now
-                    if target != "cpu" and _find(now, target) is None:
+                    if target != "cpu" and view.find(now, target) is None:
                         self._render()
                         raise pinning.TargetError(
-                            f"{_drawn_as(drawn, target)} is no longer on this machine (it fell "
+                            f"{view.drawn_as(drawn, target)} is no longer on this machine (it fell "
                             "off the bus or was reset since the panel was drawn). The panel "
                             "now shows the GPUs as they are; choose again.")
-                device = _find(now, target)
+                device = view.find(now, target)
                 force = device is not None and not device.in_allocation
                 state = session.pin(target, machine=now, force=force)
                 with self._lock:
                     self._render()
-                self._say(_describe_pin(state), "#060" if state.hard else "#c60")
+                self._say(state.summary(), "#060" if state.hard else "#c60")
 
             self._guarded(pin)
 
@@ -341,126 +305,3 @@ def _current_shell() -> Any:
     from IPython import get_ipython
 
     return get_ipython()
-
-
-def _device_words(state: Any) -> str:
-    return "the CPU (all GPUs hidden)" if state.gpu is None else state.describe_device()
-
-
-def _describe_pin(state: Any) -> str:
-    return state.summary()
-
-
-def _header_html(machine: Any, state: Any) -> str:
-    source = html.escape(str(getattr(machine, "source", "")))
-    driver = getattr(machine, "driver_version", None)
-    lines = [f"<b>GPUs</b> <span style='color:#777;font-size:11px'>({source}"
-             f"{', driver ' + html.escape(driver) if driver else ''})</span>"]
-    if getattr(machine, "allocation", None) is not None:
-        lines.append(f"<span style='font-size:12px'>Allocation: "
-                     f"{html.escape(machine.allocation_text())}</span>")
-    if state is None:
-        lines.append("<span style='font-size:12px'>Not pinned.</span>")
-    else:
-        lines.append(f"<span style='font-size:12px'><b>Pinned ({html.escape(state.mode)}):</b> "
-                     f"{html.escape(_device_words(state))} → "
-                     f"<code>{html.escape(str(state.torch_device))}</code></span>")
-    return "<br>".join(lines)
-
-
-def _find(machine: Any, uuid: str) -> Any:
-    """The GPU or MIG device with this UUID on `machine`, or None."""
-    return next((d for g in machine.gpus for d in (g, *g.mig) if d.uuid and d.uuid == uuid), None)
-
-
-def _drawn_as(machine: Any, uuid: str) -> str:
-    for gpu in machine.gpus:
-        if gpu.uuid == uuid:
-            return f"GPU {gpu.index} ({uuid})"
-        for mig in gpu.mig:
-            if mig.uuid == uuid:
-                return f"MIG device {gpu.index}:{mig.index} ({uuid})"
-    return uuid
-
-
-def _util_text(gpu: Any) -> str:
-    if gpu.utilization is not None:
-        return f"{gpu.utilization} %"
-    return "?" if gpu.why_unknown("utilization") else "–"
-
-
-def _table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "") -> str:
-    if not machine.gpus:
-        reason = html.escape(machine.reason or "no GPU found")
-        return (f"<div style='padding:4px 0'>No GPUs: {reason}. "
-                "The CPU can still be pinned (it hides every GPU from this kernel).</div>")
-    cell = "style='padding:2px 8px;text-align:left'"
-    head = "".join(f"<th {cell}>{h}</th>" for h in
-                   ("#", "name", "UUID", "memory", "util", "used by", ""))
-    rows = []
-    for gpu in machine.gpus:
-        users = _users(gpu) if gpu.processes_known else "?"
-        rows.append(_row_html(cell, "singlecard-gpu", str(gpu.index), gpu, gpu.memory_used,
-                              gpu.memory_total, _util_text(gpu), users, auto, pinned))
-        for mig in gpu.mig:
-            rows.append(_row_html(cell, "singlecard-mig", f"{gpu.index}:{mig.index}", mig,
-                                  mig.memory_used, mig.memory_total, "", "", auto, pinned,
-                                  name=f"MIG {mig.name}"))
-    notes = []
-    if why:
-        colour = "#06c" if auto else "#c60"
-        mark = "★ " if auto else ""
-        notes.append(f"<div style='font-size:11px;color:{colour}'>{mark}{html.escape(why)}</div>")
-    notes += [f"<div style='font-size:11px;color:#c60'>{html.escape(line)}</div>"
-              for line in devices.problems(machine)]
-    return (f"<table class='singlecard-gpus' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            + "".join(notes))
-
-
-def _row_html(cell: str, css_class: str, index: str, device: Any, used: int | None,
-              total: int | None, util: str, users: str, auto: str | None, pinned: str | None,
-              name: str | None = None) -> str:
-    uuid = device.uuid
-    marks = []
-    if uuid and uuid == pinned:
-        marks.append("<b style='color:#060'>● pinned</b>")  # no emoji: many fonts lack it
-    if uuid and uuid == auto:
-        marks.append("<span style='color:#06c'>★ auto</span>")
-    if device.unusable is not None:
-        marks.append(f"<span style='color:#c00' title='{html.escape(device.unusable)}'>"
-                     "unusable</span>")
-    elif not device.in_allocation:
-        marks.append("<span style='color:#999'>outside allocation</span>")
-    if uuid and uuid == pinned:
-        background = " style='background:#eaf6ea'"
-    elif device.unusable is not None or not device.in_allocation:
-        background = " style='color:#999'"
-    else:
-        background = ""
-    uuid_cell = (f"<code title='{html.escape(uuid)}'>{html.escape(short_uuid(uuid))}</code>"
-                 if uuid else "?")
-    cells = (html.escape(index), html.escape(name or device.name), uuid_cell,
-             memory_bar(used, total), html.escape(util), html.escape(users), " ".join(marks))
-    return f"<tr class='{css_class}'{background}>" + "".join(
-        f"<td {cell}>{c}</td>" for c in cells) + "</tr>"
-
-
-def _options(machine: Any, auto: str | None, show_outside: bool = False) -> list[tuple[str, str]]:
-    options = []
-    for gpu in machine.gpus:
-        if _offered(gpu, show_outside) and (not gpu.mig or any(
-                _offered(m, show_outside) for m in gpu.mig)):
-            star = "  ★ auto" if gpu.uuid == auto else ""
-            outside = "" if gpu.in_allocation else "  (outside allocation: forced)"
-            options.append((f"GPU {gpu.index} · {gpu.name} · {short_uuid(gpu.uuid)}{star}{outside}",
-                            gpu.uuid))
-        for mig in gpu.mig:
-            if not _offered(mig, show_outside):
-                continue
-            star = "  ★ auto" if mig.uuid == auto else ""
-            outside = "" if mig.in_allocation else "  (outside allocation: forced)"
-            options.append((f"  MIG {gpu.index}:{mig.index} · {mig.name} · "
-                            f"{short_uuid(mig.uuid)}{star}{outside}", mig.uuid))
-    options.append(("CPU (hide all GPUs)", "cpu"))
-    return options

@@ -11,16 +11,13 @@ import html
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import devices
 from . import driver as driver_probe
-from .devices import gib
-
-if TYPE_CHECKING:
-    from .pinning import PinState
-
-_ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+from .model import Machine
+from .render import gib
+from .state import ENV_VARS, PinState, env_values, environ_before
 
 _MODE_WORDS = {
     "hard": "hard: the other GPUs are hidden from this process",
@@ -73,7 +70,7 @@ class Status:
             rows.append(("target", self.target))
         if self.reason:
             rows.append(("why", self.reason))
-        for name in _ENV_VARS:
+        for name in ENV_VARS:
             before, after = self.env_before.get(name), self.env_after.get(name)
             text = _env_text(after) if before == after else f"{_env_text(before)} -> {_env_text(after)}"
             rows.append((name, text))
@@ -140,7 +137,7 @@ def _env_text(value: str | None) -> str:
     return repr(value) if value == "" else value
 
 
-def _memory(state: PinState | None, machine: devices.Machine | None) -> dict[str, Any] | None:
+def _memory(state: PinState | None, machine: Machine | None) -> dict[str, Any] | None:
     if state is None or state.gpu is None or machine is None:
         return None
     for gpu in machine.gpus:
@@ -148,7 +145,7 @@ def _memory(state: PinState | None, machine: devices.Machine | None) -> dict[str
             for mig in gpu.mig:
                 if mig.uuid == state.mig.uuid:
                     return _figures(mig.memory_total, mig.memory_used, mig.memory_free,
-                                    dict(mig.unknown).get("memory"))
+                                    mig.why_unknown("memory"))
         elif gpu.uuid == state.gpu.uuid:
             return _figures(gpu.memory_total, gpu.memory_used, gpu.memory_free,
                             gpu.why_unknown("memory"))
@@ -165,15 +162,8 @@ def _figures(total: int | None, used: int | None, free: int | None,
 
 def _read(state: PinState | None, environ: Mapping[str, str]) -> tuple[Any, str | None]:
     """The machine (ordinals now, allocation as before the pin), or why it cannot be read."""
-    before = dict(environ)
-    if state is not None and "CUDA_VISIBLE_DEVICES" in state.env_before:
-        value = state.env_before["CUDA_VISIBLE_DEVICES"]
-        if value is None:
-            before.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            before["CUDA_VISIBLE_DEVICES"] = value
     try:
-        return devices.read_machine(environ, allocation_environ=before), None
+        return devices.read_machine(environ, allocation_environ=environ_before(environ, state)), None
     except devices.MachineFileError as e:  # status is where one looks when things go wrong
         return None, str(e)
 
@@ -185,14 +175,16 @@ def build_status(
     active: list[tuple[str, list[str]]] | None = None,
     parallel: dict[str, Any] | None = None,
     statistics: str | None = None,
+    single_card: bool = False,
 ) -> Status:
     """A `Status` for `state` (None: not pinned) and the environment `environ`.
 
     active: (owner, change labels) of everything borrowed. parallel: single-card mode's report.
     statistics: how inspection takes statistics (its one-read kernel, or why not).
+    single_card: whether the pin asked for single-card mode (`session.pin(single_card=...)`).
     """
     environ = os.environ if environ is None else environ
-    now = {name: environ.get(name) for name in _ENV_VARS}
+    now = env_values(environ)
     driver = driver_probe.driver_state()
     active = active or []
     machine, machine_error = _read(state, environ)
@@ -216,6 +208,6 @@ def build_status(
         env_before=dict(state.env_before), env_after=now,
         driver_started=driver.started, driver_how=driver.how,
         memory=_memory(state, machine), default_device=state.default_device,
-        single_card=state.single_card, active=active, parallel=parallel,
+        single_card=single_card, active=active, parallel=parallel,
         allocation=allocation, machine_error=machine_error, statistics=statistics,
     )
