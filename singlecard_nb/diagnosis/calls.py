@@ -175,10 +175,12 @@ def child_name(parent: nn.Module, child: nn.Module) -> tuple[str, bool]:
 
 
 def join(parent: str, name: str) -> str:
+    """A child's path below its parent's ("" is the outermost module)."""
     return f"{parent}.{name}" if parent else name
 
 
-def label(module_type: str, path: str) -> str:
-    # "" is the outermost module; "<Type>" one with no name (made inside its caller's forward)
+def module_label(module_type: str, path: str) -> str:
+    """"Linear 'head.fc'"; the type alone for the outermost module ("") and for one with no name
+    ("<Linear>": made inside its caller's forward)."""
     named = path and not path.rpartition(".")[2].startswith("<")
     return f"{module_type} '{path}'" if named else module_type

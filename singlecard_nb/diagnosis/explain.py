@@ -26,7 +26,7 @@ import torch
 
 from ..errors import NonFiniteError
 from . import hints
-from .calls import Call, chain_of, child_name, join, label, module_calls, user_line
+from .calls import Call, chain_of, child_name, join, module_calls, module_label, user_line
 from .compiled import traced_calls, traced_stack, traced_user_line
 from .failure import Failure, counts, dtype_name, shape_text
 
@@ -62,7 +62,7 @@ class Explanation:
 
     @property
     def label(self) -> str:
-        return label(self.module_type, self.module)
+        return module_label(self.module_type, self.module)
 
     def rows(self) -> list[tuple[str, str]]:
         """(heading, text) lines shared by the text and HTML renderings."""
@@ -211,7 +211,7 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
     if location is None:
         location, source = user_line(raised)
     hint = hints.diagnose(Failure(
-        exception=raised, module=innermost.module, path=path, label=label(module_type, path),
+        exception=raised, module=innermost.module, path=path, label=module_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
         traced=bool(stack)))
