@@ -32,8 +32,8 @@ _EXPORTS = {
     "compare": "inspection.compare",
     "compare_ranks": "inspection.compare",
     "load": "inspection.records",
-    "explain": "inspection.explain",
-    "Explanation": "inspection.explain",
+    "explain": "diagnosis.explain",
+    "Explanation": "diagnosis.explain",
     "picker": "notebook.picker",
 }
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import explain as explain_module
+from singlecard_nb.diagnosis import explain as explain_module
 from singlecard_nb.parallel import single_card
 
 torch.manual_seed(0)
@@ -844,7 +844,7 @@ def test_a_broken_hint_rule_is_warned_about_and_skipped(monkeypatch):
     def broken(failure):
         raise KeyError("oops")
 
-    monkeypatch.setattr(explain_module.hints, "_RULES", [broken, *explain_module.hints._RULES])
+    monkeypatch.setattr(explain_module.hints, "RULES", [broken, *explain_module.hints.RULES])
     monkeypatch.setattr(explain_module.hints, "_warned", set())
     with pytest.warns(UserWarning, match="hint rule broken failed"):
         exp = explained(SmallCNN(), torch.randn(8, 3, 32, 32))

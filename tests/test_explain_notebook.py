@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from singlecard_nb import borrow
-from singlecard_nb.inspection import explain
+from singlecard_nb.diagnosis import explain
 from singlecard_nb.notebook import explain_cells, magics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,7 +207,7 @@ def test_loading_and_a_failing_cell_without_torch_do_not_import_torch():
         "ip.run_line_magic('load_ext', 'singlecard_nb')\n"
         "ip.run_cell('1 / 0')\n"
         "print(json.dumps({'torch': 'torch' in sys.modules,"
-        " 'explain': 'singlecard_nb.inspection.explain' in sys.modules}))\n"
+        " 'explain': 'singlecard_nb.diagnosis.explain' in sys.modules}))\n"
     )
     result, _ = run_fresh_python(code)
     assert result == {"torch": False, "explain": False}

@@ -1,6 +1,6 @@
 """The folder layout is the architecture: imports run one way, and no wing imports another.
 
-notebook/  ->  session  ->  wings (pinning/, parallel/, inspection/)  ->  borrow
+notebook/  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/)  ->  borrow
 Every import counts, also the ones inside functions (a lazy import is still a dependency).
 """
 
@@ -17,7 +17,7 @@ import pytest
 import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
-WINGS = ("pinning", "parallel", "inspection")
+WINGS = ("pinning", "parallel", "inspection", "diagnosis")
 GROUND_FLOOR = ("borrow", "errors")  # import nothing of ours; every layer may import them
 
 

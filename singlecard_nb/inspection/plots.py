@@ -1,7 +1,8 @@
-"""Matplotlib figures from an Inspector: a module × step heatmap and activation histograms.
+"""Matplotlib figures: an Inspector's module × step heatmap and activation histograms, and a
+comparison's divergence per module.
 
-Figures are made through pyplot (so the notebook's inline backend knows how to render them) and
-closed at once, so a figure shows exactly once: as the value returned to the cell.
+Every figure is made by `new_figure`: through pyplot (so the notebook's inline backend knows how
+to render it) and closed at once, so it shows exactly once: as the value returned to the cell.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import fnmatch
 import math
 from typing import Any
+
+from .alignment import COMPARED
 
 # Statistics that are never negative and often span decades: a log colour scale keeps a layer
 # at 1e4 from flattening every other row into one colour.
@@ -21,16 +24,24 @@ def _label(module: str) -> str:
     return module if module else "(root)"
 
 
-def _new_figure(width: float, height: float) -> tuple[Any, Any]:
+def new_figure(width: float, height: float,
+               grid: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    """A Figure of `width` × `height` inches with constrained layout, and its axes: one Axes, or
+    with `grid=(rows, columns)` a 2-D array of them (also for 1 × 1)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    if grid is None:
+        fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    else:
+        fig, ax = plt.subplots(*grid, figsize=(width, height), layout="constrained",
+                               squeeze=False)
     plt.close(fig)  # returned to the caller, not shown again by the inline backend
     return fig, ax
 
 
-def _empty(message: str) -> Any:
-    fig, ax = _new_figure(6, 1.5)
+def message_figure(message: str) -> Any:
+    """A small figure that says why there is nothing to draw."""
+    fig, ax = new_figure(6, 1.5)
     ax.axis("off")
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=10, color="#555")
     return fig
@@ -51,7 +62,7 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
 
     table = insp.history(stat, io, training=training)
     if table is None or table.empty:
-        return _empty(f"no {io} {stat!r} recorded yet: run the model while inspecting")
+        return message_figure(f"no {io} {stat!r} recorded yet: run the model while inspecting")
     frame = insp.frame()
     if training is not None:
         frame = frame[frame["training"] == training]
@@ -63,7 +74,7 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     masked = np.ma.masked_where(~finite, values)
 
     rows, cols = values.shape
-    fig, ax = _new_figure(min(6 + 0.05 * cols, 10), min(max(1.4 + 0.28 * rows, 2.6), 14))
+    fig, ax = new_figure(min(6 + 0.05 * cols, 10), min(max(1.4 + 0.28 * rows, 2.6), 14))
     # blank: a step in which the module did not run
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
     norm = None
@@ -170,15 +181,11 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
                 "Ask for them when inspecting, e.g. scn.inspect(model, hist=['encoder.*'])"
             )
     if not chosen:
-        return _empty("no histograms recorded: inspect with hist=[...module paths...]")
+        return message_figure("no histograms recorded: inspect with hist=[...module paths...]")
 
     ncols = min(3, len(chosen))
     nrows = math.ceil(len(chosen) / ncols)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.6 * nrows),
-                             layout="constrained", squeeze=False)
-    plt.close(fig)
+    fig, axes = new_figure(4 * ncols, 2.6 * nrows, grid=(nrows, ncols))
     for ax in axes.flat[len(chosen):]:
         ax.axis("off")
     for ax, name in zip(axes.flat, chosen):
@@ -191,4 +198,60 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
         ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.suptitle("activation values (latest recorded step)", fontsize=10)
+    return fig
+
+
+# --- two runs compared ---------------------------------------------------------------------
+
+_IO_STYLE = {"output": ("#1f77b4", "o"), "input": ("#7f7f7f", "s"), "grad": ("#ff7f0e", "v"),
+             "param_grad": ("#2ca02c", "^"), "param": ("#9467bd", "D"),
+             "step_grad": ("#8c564b", "P"), "buffer": ("#e377c2", "X")}
+
+
+def divergence_plot(frame: Any, stat: str | None, rtol: float, first: Any,
+                    labels: tuple[str, str]) -> Any:
+    """Largest relative difference per module and io kind over all steps, modules on the x axis
+    in the order they first ran in run a; the tolerance as a line, the first divergence marked.
+
+    frame: a comparison's aligned rows (`Comparison.frame()`); first: its first `Divergence`.
+    """
+    import numpy as np
+
+    compared = frame[frame["status"] == COMPARED]
+    if compared.empty:
+        return message_figure("no tensor recorded by both runs: nothing to plot")
+    column = "rel" if stat is None else f"{stat}_rel"
+    modules = list(dict.fromkeys(frame["module"]))
+    place = {m: i for i, m in enumerate(modules)}
+    finite = compared[column].replace(np.inf, np.nan)
+    floor = max(min(float(finite[finite > 0].min()) if (finite > 0).any() else rtol, rtol) / 10,
+                1e-12)
+    ceiling = max(float(finite.max()) if finite.notna().any() else rtol, rtol) * 10
+    fig, ax = new_figure(min(4 + 0.3 * len(modules), 14), 3.6)
+    for io, rows in compared.groupby("io", sort=False):
+        worst = rows.groupby("module", sort=False)[column].max()
+        x = [place[m] for m in worst.index]
+        y = np.clip(np.nan_to_num(worst.to_numpy(dtype=float), nan=0.0, posinf=ceiling),
+                    floor, ceiling)
+        colour, marker = _IO_STYLE.get(io, ("#17becf", "x"))
+        ax.plot(x, y, linestyle="none", marker=marker, color=colour, label=io, alpha=0.85)
+    ax.axhline(rtol, color="#d62728", linestyle="--", linewidth=1, label=f"rtol {rtol:g}")
+    ax.axhline(floor, color="#bbbbbb", linewidth=0.8)
+    ax.annotate("equal", (1, floor), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                textcoords="offset points", ha="right", fontsize=7, color="#888888")
+    if first is not None and first.module in place and (stat is None or stat == first.stat):
+        value = min(max(first.rel if math.isfinite(first.rel) else ceiling, floor), ceiling)
+        ax.annotate(f"first: step {first.step} {first.io}", (place[first.module], value),
+                    xytext=(8, 8), textcoords="offset points", fontsize=8, color="#d62728",
+                    arrowprops={"arrowstyle": "->", "color": "#d62728"})
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 3, ceiling)  # equal values sit on the floor, fully visible
+    step = max(1, len(modules) // 40)
+    ax.set_xticks(range(0, len(modules), step))
+    ax.set_xticklabels([_label(m) for m in modules[::step]], rotation=60, ha="right",
+                       fontsize=7)
+    ax.set_xlabel("module, in execution order")
+    ax.set_ylabel(f"largest relative difference ({stat or 'worst statistic'})")
+    ax.set_title(f"{labels[0]} vs {labels[1]}: divergence per module", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # never over a point
     return fig

@@ -52,7 +52,7 @@ def _show_explanation(result: Any = None) -> None:
     if "torch" not in sys.modules:  # no torch, no module: and loading torch here would cost seconds
         return
     try:
-        from ..inspection import explain
+        from ..diagnosis import explain
 
         explanation = explain.build(error)
     except Exception as e:  # an IPython callback error would print a second, confusing traceback

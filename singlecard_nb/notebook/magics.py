@@ -186,7 +186,7 @@ class SingleCardMagics(Magics):
         print(f"Single-card mode is {'on' if enabled else 'off'}.")
 
     def _explain(self, rest: list[str]) -> None:
-        from ..inspection.explain import explain
+        from ..diagnosis.explain import explain
         from . import explain_cells
 
         if not rest:  # like %tb: the last error, explained
