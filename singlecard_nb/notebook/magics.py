@@ -13,12 +13,13 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from .. import session
 from ..pinning import devices, pinning
 from ..pinning import driver as driver_probe
+from .arguments import parse_line
 
 _SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card", "explain")
 _ACCEPTED = ("a TARGET (a GPU index as nvidia-smi numbers them, a GPU or MIG UUID or unique "
@@ -68,7 +69,7 @@ class SingleCardMagics(Magics):
         Examples: %singlecard 1 | %singlecard GPU-2f6d | %singlecard auto --default-device |
         %singlecard status | %singlecard off
         """
-        args = parse_argstring(self.singlecard, line)
+        args = parse_line(self.singlecard, "%singlecard", line)
         words = list(args.words)
         options = args.default_device or args.no_single_card or args.force
         if not words:

@@ -59,6 +59,11 @@ def read(path: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise MachineFileError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} "
                                f"column {e.colno}") from None
+    except RecursionError:
+        raise MachineFileError(f"{where}: nested too deeply to be a machine description "
+                               "(a machine is an object of gpus, each an object)") from None
+    except ValueError as e:  # a number of thousands of digits
+        raise MachineFileError(f"{where}: not a machine description: {e}") from None
     try:
         return check(data)
     except ValueError as e:

@@ -73,10 +73,16 @@ def pin(
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
     """
     environ = os.environ if environ is None else environ
-    normalise(target)  # a bad target is refused before the machine is read
+    text = normalise(target)  # a bad target is refused before the machine is read
     current_pin = _pin.on(environ)
     if machine is None:
-        machine = devices.read_machine(environ_before(environ, current_pin))
+        try:
+            machine = devices.read_machine(environ_before(environ, current_pin))
+        except devices.MachineFileError as e:
+            if text.lower() != "cpu":
+                raise
+            # the CPU pin names no GPU: a broken description of them must not stop it
+            machine = Machine(gpus=(), reason=str(e), driver_version=None, source="unreadable")
     driver = driver_probe.driver_state() if driver is None else driver
     return apply(plan_pin(target, machine, environ, driver, current=current_pin,
                           set_default=set_default, force=force))
