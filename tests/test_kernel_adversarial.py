@@ -96,3 +96,26 @@ def test_a_zero_tensor_output_is_recorded_without_reading_memory():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0.0", "0.0", "1.0"]
+
+
+def _precision_cases():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "1e8 values, mean 1": 1 + 0.01 * torch.randn(100_000_000, generator=g),
+        "a strided half of 8e6 values": (torch.randn(16_000_000, generator=g) + 3)[::2],
+        "values of +-9e17": torch.tensor([9e17, -9e17] * 50_000),
+        "a transposed 300x300 of 1e-20": (torch.rand(300, 300, generator=g) * 1e-20).t(),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["torch", "kernel"])
+def test_both_paths_meet_the_stated_precision(kernels, path):
+    # The README's promise: std within 1e-4 relative, mean within 1e-5 of the spread
+    for name, t in _precision_cases().items():
+        got = _values(t, {} if path == "torch" else kernels)
+        exact = t.double()
+        std, mean = exact.std().item(), exact.mean().item()
+        assert got["std"] == pytest.approx(std, rel=1e-4), name
+        assert abs(got["mean"] - mean) <= 1e-5 * std, name
+        assert (got["min"], got["max"]) == (exact.min().item(), exact.max().item()), name

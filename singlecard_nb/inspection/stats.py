@@ -332,7 +332,7 @@ class StepStats:
                          or not _squares_fit(v.dtype, lo, hi) or _cancels(s2, s2 - s1 * s1 / n)):
             exact = v.double()  # the rare exact path: centred, in float64
             shift = exact.mean().item()
-            centred = (exact - shift).view(-1)
+            centred = (exact - shift).reshape(-1)
             s1, s2 = centred.sum().item(), torch.dot(centred, centred).item()
         return lo, hi, shift, s1, s2, 0, 0, nonzero
 
