@@ -18,6 +18,7 @@ from torch import nn
 
 import singlecard_nb as scn
 from singlecard_nb.diagnosis import explain as explain_module
+from singlecard_nb.notices import Notices
 from singlecard_nb.parallel import single_card
 
 torch.manual_seed(0)
@@ -845,7 +846,7 @@ def test_a_broken_hint_rule_is_warned_about_and_skipped(monkeypatch):
         raise KeyError("oops")
 
     monkeypatch.setattr(explain_module.hints, "RULES", [broken, *explain_module.hints.RULES])
-    monkeypatch.setattr(explain_module.hints, "_warned", set())
+    monkeypatch.setattr(explain_module.hints, "_broken_rules", Notices())
     with pytest.warns(UserWarning, match="hint rule broken failed"):
         exp = explained(SmallCNN(), torch.randn(8, 3, 32, 32))
     assert exp.hint is not None and "in_features" in exp.hint  # the other rules still ran

@@ -12,9 +12,9 @@ from parallel_support import clean_state  # noqa: F401 - used by every test (pyt
 from torch import nn
 
 from singlecard_nb import session
+from singlecard_nb.notices import Notices
 from singlecard_nb.parallel import remap
 from singlecard_nb.parallel import single_card as parallel
-from singlecard_nb.parallel.notices import Notices
 
 CPU = torch.device("cpu")
 HAS_CUDA = torch.cuda.is_available()  # never on the CI box; only decides what "natively" means

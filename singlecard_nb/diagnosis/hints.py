@@ -10,8 +10,7 @@ explanation. The rules live in `rules/`, one module per kind of mistake.
 
 from __future__ import annotations
 
-import warnings
-
+from ..notices import Notices
 from .failure import Failure, Rule
 from .rules import code, layers, losses, sequences, tensors
 
@@ -54,7 +53,7 @@ RULES: tuple[Rule, ...] = (
 )
 RULE_MODULES = (tensors, layers, losses, sequences, code)  # every public function is a rule
 
-_warned: set[str] = set()
+_broken_rules = Notices()
 
 
 def diagnose(failure: Failure) -> str | None:
@@ -63,11 +62,9 @@ def diagnose(failure: Failure) -> str | None:
         try:
             text = rule(failure)
         except Exception as e:  # a broken rule costs its hint, never the explanation
-            if rule.__name__ not in _warned:
-                _warned.add(rule.__name__)
-                warnings.warn(f"singlecard_nb.explain: the hint rule {rule.__name__} failed "
-                              f"({type(e).__name__}: {e}); explanations are shown without it.",
-                              stacklevel=2)
+            _broken_rules.say(rule.__name__, f"singlecard_nb.explain: the hint rule "
+                              f"{rule.__name__} failed ({type(e).__name__}: {e}); explanations "
+                              "are shown without it.")
             continue
         if text:
             return text

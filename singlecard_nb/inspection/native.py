@@ -31,13 +31,14 @@ import sys
 import sysconfig
 import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..notices import Notices
 
 ENV = "SINGLECARD_NB_NATIVE"
 CACHE_ENV = "SINGLECARD_NB_CACHE_DIR"
@@ -53,14 +54,14 @@ _started = False
 _ready = threading.Event()  # set when the build has ended, well or not
 _kernels: dict[torch.dtype, Kernel] = {}
 _failure: str | None = None  # the warning to give once when the build failed
-_said = False
+_notices = Notices(category=RuntimeWarning)
 
 
 def kernels() -> dict[torch.dtype, Kernel]:
     """The kernels by dtype once built; empty while building, before `start()`, or when they
     cannot be built (said once, as a warning, by the first call that finds out)."""
-    if _ready.is_set() and _failure is not None and not _said:
-        _say_failure()
+    if _ready.is_set() and _failure is not None:
+        _notices.say("build", _failure, stacklevel=3)
     return _kernels
 
 
@@ -98,15 +99,6 @@ def status() -> str:
     if _kernels:
         return "one-pass kernel for " + ", ".join(sorted(str(d)[6:] for d in _kernels))
     return _failure or f"one-pass kernel off ({ENV}=0): torch reductions"
-
-
-def _say_failure() -> None:
-    global _said
-    _said = True
-    try:
-        warnings.warn(_failure, RuntimeWarning, stacklevel=4)
-    except RuntimeWarning:  # warnings turned into errors: this runs inside the user's forward
-        pass
 
 
 def _build_in_background() -> None:

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from ..borrow import Borrowed, wrap_like
-from .notices import Notices
+from ..notices import Notices
 
 _ZERO_COUNTERS = ("memory_allocated", "max_memory_allocated", "memory_reserved",
                   "max_memory_reserved", "memory_cached", "max_memory_cached")

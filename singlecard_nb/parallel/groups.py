@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..borrow import Borrowed, wrap_like
-from .notices import Notices
+from ..notices import Notices
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
 _CAPTURE_WORLD_AT_IMPORT = (

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..borrow import Borrowed, wrap_like
-from .notices import Notices
+from ..notices import Notices
 
 # Functions in the torch namespace that take `device=` (keyword-only in all of them).
 FACTORIES = (

@@ -37,9 +37,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
 from ..borrow import Borrowed, wrap_like
+from ..notices import Notices
 from . import cuda_on_cpu, remap, spawn
 from .groups import Groups
-from .notices import Notices
 
 __all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
@@ -83,7 +83,7 @@ def enable(device: torch.device | str) -> None:
         # sent it to the old card); select the new one now that the patch is gone.
         torch.cuda.set_device(device.index)
     owner = Borrowed("single-card mode")
-    notices = Notices()
+    notices = Notices(suffix="said once; `%singlecard status` counts each time")
     groups = Groups(device, notices)
     _state.owner, _state.device, _state.notices, _state.groups = owner, device, notices, groups
     _state.wrappers = 0

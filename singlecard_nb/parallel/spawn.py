@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..borrow import Borrowed, wrap_like
-from .notices import Notices
+from ..notices import Notices
 
 
 class RanInThisProcess:
