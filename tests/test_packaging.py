@@ -64,7 +64,7 @@ def test_the_wheel_holds_the_package_its_c_sources_and_the_license(wheel):
     metadata = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: MIT" in metadata
     assert "Classifier: Framework :: Jupyter" in metadata and "Keywords: " in metadata
-    assert "Requires-Dist: torch>=2.3" in metadata
+    assert "Requires-Dist: torch>=2.6" in metadata
 
 
 def test_the_installed_wheel_loads_inspects_and_builds_its_kernel(wheel, tmp_path):
