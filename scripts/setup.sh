@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Create or refresh .venv for singlecard_nb. Reuses a torch that is already importable
-# (the venv sees system site-packages); otherwise installs torch==2.13.0, whose CPU wheel lies
-# on disk on the project's machines (a plain `torch` would download gigabytes).
+# (the venv sees system site-packages); otherwise installs torch==2.13.0: on the project's
+# machines its CPU-only wheel lies on disk, elsewhere pip downloads the CUDA build from PyPI
+# (about 3 GB; a 4.6 GB .venv).
 #
-# The first run takes about 2 minutes (measured: 1 min 42 s on a busy 2-core box) and says
-# what it is doing, step by step, on stderr; later runs find the stamp
+# The first run takes 2-9 minutes (measured on a busy 2-core box: 1 min 42 s as root with the
+# local CPU wheel; 8 min 30 s as a normal user downloading the CUDA build) and says what it is
+# doing, step by step, on stderr; later runs find the stamp
 # (.venv/.singlecard-nb-installed, the hash of pyproject.toml) and print nothing.
 # CI=true or SINGLECARD_NB_QUIET=1 keeps CI logs to errors only.
 set -euo pipefail
@@ -29,13 +31,14 @@ pip_quietly() {  # pip's own output is a wall of text; keep only what is not a l
 }
 
 if [ ! -x .venv/bin/python ]; then
-    step "1/4 creating .venv with $("$python" --version 2>&1) (about 5-20 s; first run only)"
+    step "1/4 creating .venv with $("$python" --version 2>&1) (a few seconds; first run only)"
     "$python" -m venv --system-site-packages .venv
     step_done
 fi
 # find_spec, not import: asking costs 50 ms where importing torch costs seconds on every ./lab.sh
 if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
-    step "2/4 installing torch==2.13.0 into .venv (about 30-60 s; first run only)"
+    step "2/4 installing torch==2.13.0 into .venv (about 30-60 s from a local wheel, about" \
+         "3 min when pip downloads the CUDA build; first run only)"
     pip_quietly torch==2.13.0
     .venv/bin/python -c "import torch"
     step_done
@@ -44,8 +47,8 @@ stamp=.venv/.singlecard-nb-installed
 wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     step "3/4 installing singlecard_nb and its dev extra (JupyterLab, nbclient, playwright," \
-         "pytest, ruff, torchinfo, torchlens) into .venv (about 1 min; again only when" \
-         "pyproject.toml changes)"
+         "pytest, ruff, lightning, transformers, accelerate, torchinfo, torchlens) into .venv" \
+         "(about 2-6 min; again only when pyproject.toml changes)"
     pip_quietly -e ".[dev]"
     .venv/bin/python -c "import singlecard_nb, IPython, ipywidgets, nbclient, playwright"
     step_done

@@ -253,11 +253,23 @@ def test_too_late_for_a_gpu_torch_cannot_see(env, torch_sees_four_gpus):
     assert env == before and pinning.current() is None and torch_sees_four_gpus == []
 
 
-def test_too_late_with_a_torch_without_cuda_fails_clearly(env):
-    # A CPU-only torch cannot have started the driver itself; the decision still has to refuse
-    # rather than crash or claim a pin.
+@pytest.mark.torch_build
+@pytest.mark.parametrize("cuda_built", [None, False, True],
+                         ids=["this-torch", "torch-without-cuda", "torch-with-cuda"])
+def test_too_late_with_a_torch_without_cuda_fails_clearly(env, monkeypatch, cuda_built):
+    # Depends on how torch was built. A CPU-only torch cannot have started the driver itself:
+    # the pin refuses, saying the build lacks CUDA. A CUDA build that sees none of the described
+    # GPUs (this GPU-less machine) refuses as "not visible". Neither crashes or claims a pin.
+    # None checks the torch installed here; False/True stand in for the other build. No test
+    # here asks torch to count real GPUs: that would start CUDA in the test process.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    if cuda_built is None:
+        cuda_built = torch.backends.cuda.is_built()
+    else:
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_built)
     before = dict(env)
-    with pytest.raises(TargetError, match="built without CUDA"):
+    refusal = "not visible to torch in this process.*restart" if cuda_built else "built without CUDA"
+    with pytest.raises(TargetError, match=refusal):
         pin(0, env, driver=STARTED)
     assert env == before and pinning.current() is None
 
@@ -313,8 +325,14 @@ def test_restore_all_forgets_the_pin(env):
     assert torch.get_default_device() == torch.device("cpu") and not session.single_card()
 
 
+@pytest.mark.torch_build
 def test_device_when_not_pinned(monkeypatch):
-    assert pinning.device() == torch.device("cpu")  # this torch has no CUDA
+    # Depends on how torch was built: unpinned on a machine with GPUs, `cuda` only where torch
+    # has CUDA. is_built() reads how torch was compiled; it does not start CUDA.
+    this_torch = "cuda" if torch.backends.cuda.is_built() else "cpu"
+    assert pinning.device() == torch.device(this_torch)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    assert pinning.device() == torch.device("cpu")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     assert pinning.device() == torch.device("cuda")
     devices.use_machine(load(NO_GPUS))
@@ -401,6 +419,7 @@ def _run(code: str, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.torch_build
 def test_pin_in_a_fresh_process_on_a_described_machine():
     out = _run("""
         import json, os
@@ -417,7 +436,9 @@ def test_pin_in_a_fresh_process_on_a_described_machine():
     assert out["mode"] == "hard" and out["status"] == "hard" and out["pinned_device"] == "cuda:0"
     assert out["pinned"] == {"CUDA_VISIBLE_DEVICES": GPU2, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert out["after"] == {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": None}
-    assert out["device"] == "cpu"  # unpinned, and this torch has no CUDA
+    # depends on how torch was built: unpinned on the described 4-GPU machine, `cuda` only where
+    # torch has CUDA
+    assert out["device"] == ("cuda" if torch.backends.cuda.is_built() else "cpu")
 
 
 def test_old_style_mig_uuid(env):

@@ -54,7 +54,10 @@ def test_allow_root_only_as_root(tmp_path, uid, allow_root):
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     args = (tmp_path / ".venv" / "bin" / "args").read_text().split()
-    assert args[:4] == ["lab", "notebooks/quickstart.ipynb", "--ip=127.0.0.1", "--no-browser"]
+    assert args[:3] == ["lab", "--ip=127.0.0.1", "--no-browser"]
+    # the URL JupyterLab prints opens the quickstart, with the notebooks folder as the root
+    assert "--ServerApp.root_dir=notebooks" in args
+    assert "--LabApp.default_url=/lab/tree/quickstart.ipynb" in args
     assert ("--allow-root" in args) is allow_root and args[-1] == "--port=9999"
 
 
@@ -108,7 +111,8 @@ def test_first_setup_says_what_it_is_doing_and_later_ones_are_silent(checkout):
         "setup: .venv is ready after N s; later runs skip these steps",
     ]
     assert said.count("setup:   done in") == 4
-    for estimate in ("about 5-20 s", "about 30-60 s", "about 1 min", "a second or two"):
+    for estimate in ("a few seconds", "about 30-60 s from a local wheel", "about 2-6 min",
+                     "a second or two", "lightning, transformers, accelerate"):
         assert estimate in said
     assert any("pip install -q torch==2.13.0" in c for c in calls)
 
@@ -197,6 +201,17 @@ def test_lab_sh_serves_jupyterlab(user, home):
         assert "Running as root is not recommended" not in output
         assert "setup:" not in output, "lab.sh re-ran the slow set-up:\n" + output
         assert "lab: starting JupyterLab" in output
+        # the URL it prints opens the quickstart notebook, not the Launcher
+        printed = re.search(r"http://127\.0\.0\.1:\d+/\S+", output)
+        assert printed, output
+        url = printed.group(0)
+        # JupyterLab prints a token it was given as "...": the user has it already
+        assert "/lab/tree/quickstart.ipynb?token=" in url, output
+        url = url.split("?token=")[0] + f"?token={TOKEN}"
+        with urllib.request.urlopen(url, timeout=10) as page:
+            config = re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>',
+                               page.read().decode(), re.S)
+        assert config and json.loads(config.group(1))["treePath"] == "quickstart.ipynb"
     finally:
         lab.send_signal(signal.SIGTERM)  # by its PID: JupyterLab shuts down cleanly
         try:

@@ -136,3 +136,51 @@ def test_the_magic_switches_it_and_unload_ext_removes_it(shell, reports):
     finally:
         shell.run_line_magic("unload_ext", "singlecard_nb")
     assert _callbacks(shell) == before and not watch.is_watching(shell)
+
+
+class FakeAllocator:
+    """torch.cuda's memory counters on a machine without a GPU: what a cell allocates and frees."""
+
+    def __init__(self, allocated: int, peak: int):
+        self.allocated, self.peak, self.resets = allocated, peak, 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def memory_allocated(self, device=None) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self, device=None) -> int:
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        self.resets += 1
+        self.peak = self.allocated
+
+
+def test_cuda_peaks_leave_the_users_peak_counters_alone(shell, reports, monkeypatch):
+    import torch
+
+    fake = FakeAllocator(allocated=10 * MIB, peak=500 * MIB)  # the user's earlier peak: 500 MiB
+    for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(watch, "_torch_cuda_started", lambda: True)
+    monkeypatch.setattr(watch, "_pinned_device", lambda: torch.device("cuda", 0))
+    shell.user_ns["fake"] = fake
+    watch.start(shell)
+    # below the earlier peak: the peak is sampled (a lower bound), and said why, once
+    shell.run_cell("import time; fake.alloc(100 * 2**20); time.sleep(0.2); fake.free(100 * 2**20)")
+    shell.run_cell("fake.alloc(20 * 2**20); time.sleep(0.2); fake.free(20 * 2**20)")
+    # a new high: exact, from the allocator's own counter
+    shell.run_cell("fake.alloc(600 * 2**20); fake.free(590 * 2**20)")
+    below, again, high = reports
+    assert fake.resets == 0 and fake.peak == 610 * MIB  # the user's counter reads what it read
+    assert below.kind == "CUDA allocated" and not below.peak_exact
+    assert below.peak >= 110 * MIB and "(sampled)" in repr(below)
+    assert "torch's peak counters are left as they are" in repr(below)
+    assert not again.peak_exact and again.peak >= 30 * MIB and "left as they are" not in repr(again)
+    assert high.peak_exact and high.peak == 610 * MIB and high.net == 10 * MIB

@@ -136,9 +136,19 @@ def test_without_an_allocation_nothing_is_marked(machine):
     assert panel.show_outside.layout.display == "none"
 
 
-def test_too_late_shows_the_whole_explanation(machine, monkeypatch):
+@pytest.mark.torch_build
+@pytest.mark.parametrize("cuda_built", [None, False, True],
+                         ids=["this-torch", "torch-without-cuda", "torch-with-cuda"])
+def test_too_late_shows_the_whole_explanation(machine, monkeypatch, cuda_built):
     from singlecard_nb.pinning import driver
 
+    # Depends on how torch was built (None: the torch installed here; False/True stand in for
+    # the other build). torch counts no GPUs, as on this GPU-less machine, without starting CUDA.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    if cuda_built is None:
+        cuda_built = torch.backends.cuda.is_built()
+    else:
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_built)
     started = driver.DriverState(True, "cuDeviceGetCount succeeds: cuInit has already run")
     monkeypatch.setattr(driver, "driver_state", lambda: started)
     panel = picker.picker(machine)
@@ -147,10 +157,12 @@ def test_too_late_shows_the_whole_explanation(machine, monkeypatch):
     status = panel.status.value
     assert "can no longer take effect" in status and "cuInit has already run" in status
     assert "restart the kernel" in status.lower()
-    # a GPU cannot even be soft-pinned by this CPU-only torch: said, not hidden
+    # a GPU cannot be soft-pinned by a CPU-only torch, nor by a CUDA torch that cannot see it:
+    # said, not hidden
     panel.choice.value = GPU2
     panel.pin_button.click()
-    assert "Not pinned:" in panel.status.value and "without CUDA" in panel.status.value
+    refusal = "not visible to torch" if cuda_built else "without CUDA"
+    assert "Not pinned:" in panel.status.value and refusal in panel.status.value
 
 
 def test_errors_in_callbacks_are_shown_and_controls_come_back(machine, monkeypatch):

@@ -2,7 +2,11 @@
 
 On a GPU the figures come from PyTorch's CUDA caching allocator (what tensors hold, not what
 the allocator has reserved), read only when torch has already started CUDA itself: a watched
-cell must never be the one that starts the driver. On the CPU the figure is the process's
+cell must never be the one that starts the driver. The allocator's peak counters
+(`torch.cuda.max_memory_allocated`, `memory_stats()["allocated_bytes.all.peak"]`) belong to the
+user and are never reset: a cell that sets a new high has its exact peak there; a cell that
+stays below an earlier high gets the highest value a background thread sampled, labelled as
+sampled (a lower bound), and the first such report says why. On the CPU the figure is the process's
 resident set size (RSS). Linux keeps the peak RSS in `VmHWM`, which can be reset per cell by
 writing `5` to `/proc/self/clear_refs`; where that is refused the peak is sampled by a
 background thread and labelled as sampled (a lower bound), never passed off as exact.
@@ -118,15 +122,16 @@ def _reset_rss_peak() -> bool:
         return False
 
 
-class _RssSampler:
-    """Samples the RSS in a daemon thread until stopped; the max is a lower bound of the peak."""
+class _Sampler:
+    """Samples `read()` (the RSS, or CUDA memory allocated) in a daemon thread until stopped;
+    the max is a lower bound of the peak."""
 
     def __init__(self, read: Callable[[], int | None], interval: float = _SAMPLE_INTERVAL_S):
         self._read = read
         self._interval = interval
         self._stop = threading.Event()
         self.peak = read() or 0
-        self._thread = threading.Thread(target=self._run, name="singlecard-watch-rss", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="singlecard-watch-sampler", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -166,7 +171,8 @@ class _Watcher:
         self.shell = shell
         self.owner = borrow.Borrowed("%singlecard watch")
         self._before: dict[str, Any] | None = None
-        self._sampler: _RssSampler | None = None
+        self._sampler: _Sampler | None = None
+        self._said_sampled = False  # the first sampled CUDA peak says why it is sampled
 
     def register(self) -> None:
         events = self.shell.events
@@ -177,7 +183,7 @@ class _Watcher:
         events.register("post_run_cell", post)
         self.owner.on_restore(lambda: events.unregister("post_run_cell", post),
                               "post_run_cell: watch")
-        self.owner.on_restore(self._stop_sampler, "watch RSS sampler thread")
+        self.owner.on_restore(self._stop_sampler, "watch sampler thread")
         # restore_all() on unload must also forget this shell, or `watch on` would be a no-op later
         self.owner.on_restore(lambda: _watchers.pop(id(self.shell), None), "watch registry")
 
@@ -204,12 +210,14 @@ class _Watcher:
         if device is not None:
             import torch
 
-            torch.cuda.reset_peak_memory_stats(device)
-            before["cuda"] = (device, torch.cuda.memory_allocated(device))
+            # The peak counters are the user's: read, never reset (see the module docstring).
+            before["cuda"] = (device, torch.cuda.memory_allocated(device),
+                              torch.cuda.max_memory_allocated(device))
+            self._sampler = _Sampler(lambda: torch.cuda.memory_allocated(device))
         before["rss"] = _read_status_kib("VmRSS")
         before["hwm_reset"] = _reset_rss_peak()
-        if not before["hwm_reset"] and before["rss"] is not None:
-            self._sampler = _RssSampler(lambda: _read_status_kib("VmRSS"))
+        if device is None and not before["hwm_reset"] and before["rss"] is not None:
+            self._sampler = _Sampler(lambda: _read_status_kib("VmRSS"))
         self._before = before
 
     def _post_run_cell(self, result: Any = None) -> None:
@@ -229,12 +237,22 @@ class _Watcher:
             import torch
 
             # Started during this cell: the allocator's peak counts from its start, inside the cell.
-            _, start = before.get("cuda", (device, 0))
+            _, start, high_before = before.get("cuda", (device, 0, 0))
             now = torch.cuda.memory_allocated(device)
-            peak = torch.cuda.max_memory_allocated(device)
-            note = "" if before["cuda_started"] else "CUDA started in this cell"
-            return CellMemory(str(device), "CUDA allocated", peak, now - start, now, True,
-                              seconds, note)
+            high = torch.cuda.max_memory_allocated(device)
+            notes = [] if before["cuda_started"] else ["CUDA started in this cell"]
+            if high > high_before:  # a new high, so reached in this cell: exact
+                peak, exact = high, True
+            else:
+                peak, exact = max(sampled_peak or 0, start, now), False
+                if high < high_before:  # the cell reset the counters: `high` is since then
+                    peak = max(peak, high)
+                if not self._said_sampled:
+                    self._said_sampled = True
+                    notes.append("this cell stayed below an earlier peak, so its peak is "
+                                 "sampled; torch's peak counters are left as they are (yours)")
+            return CellMemory(str(device), "CUDA allocated", peak, now - start, now, exact,
+                              seconds, "; ".join(notes))
         rss_before, rss_now = before["rss"], _read_status_kib("VmRSS")
         if rss_before is None or rss_now is None:
             return None  # no /proc (not Linux): nothing honest to say
