@@ -300,12 +300,15 @@ def test_hard_pin_survives_when_cuda_started_afterwards(env):
 
 def test_set_default_device_is_restored(env):
     assert torch.get_default_device() == torch.device("cpu")
+    had_context = hasattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context")
     pin(0, env, set_default=True)
     try:
         assert torch.get_default_device() == torch.device("cuda", 0)
     finally:
         session.release()
     assert torch.get_default_device() == torch.device("cpu")
+    # exactly as before: torch 2.6-2.7's get_default_device() fails on a context left as None
+    assert hasattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context") == had_context
 
 
 def test_single_card_mode_follows_the_pin(env):

@@ -70,11 +70,20 @@ def set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
 
     # The public getter resolves an index-less device by allocating a tensor, which could start
     # CUDA, so read the global context torch.set_default_device itself keeps.
-    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    globals_ = torch._GLOBAL_DEVICE_CONTEXT
+    had_context = hasattr(globals_, "device_context")
+    context = getattr(globals_, "device_context", None)
     previous = None if context is None else context.device
     set_default = own(torch.set_default_device)
     set_default(device)
-    owner.on_restore(lambda: set_default(previous), "torch default device")
+
+    def restore() -> None:
+        set_default(previous)
+        if not had_context and getattr(globals_, "device_context", 0) is None:
+            # as before the pin: torch 2.6-2.7's get_default_device() fails on a None context
+            del globals_.device_context
+
+    owner.on_restore(restore, "torch default device")
 
 
 def no_cuda_note() -> str:
