@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import NonFiniteError
+from ..job import place
 from . import hints
 from .calls import Call, chain_of, child_name, join, module_calls, module_label, user_line
 from .compiled import traced_calls, traced_stack, traced_user_line
@@ -264,9 +264,6 @@ def _headline(exc: BaseException) -> str:
 
 
 def _rank() -> int | None:
-    try:
-        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            return int(os.environ.get("RANK", "0") or 0)
-    except ValueError:
-        pass
-    return None
+    """The rank to name in an explanation: only in a job of several processes."""
+    rank, world = place()
+    return rank if world > 1 else None

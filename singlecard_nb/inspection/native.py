@@ -70,7 +70,8 @@ def started() -> bool:
 
 
 def start() -> None:
-    """Start building in the background (idempotent); `SINGLECARD_NB_NATIVE=0` skips it."""
+    """Load the cached kernel, or start building it in the background (idempotent);
+    `SINGLECARD_NB_NATIVE=0` skips it."""
     global _started
     with _lock:
         if _started:
@@ -78,6 +79,16 @@ def start() -> None:
         _started = True
         if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
             _ready.set()  # off by request: torch reductions, nothing to say
+            return
+        # Built before (by an earlier kernel, another rank): loading takes ~20 ms, so every
+        # process of a job takes its first step's statistics the same way, with the kernel.
+        try:
+            cached = _build(only_cached=True)
+        except Exception:  # no compiler, say: the background build finds out and says so
+            cached = None
+        if cached:
+            _kernels.update(cached)
+            _ready.set()
             return
         threading.Thread(target=_build_in_background, name="singlecard_nb-native",
                          daemon=True).start()
@@ -104,7 +115,7 @@ def status() -> str:
 def _build_in_background() -> None:
     global _failure
     try:
-        _kernels.update(_build())
+        _kernels.update(_build() or {})
     except Exception as e:  # said once, in the reducing thread: never raised into a step
         _failure = (
             f"singlecard_nb: the one-pass statistics kernel could not be built "
@@ -184,11 +195,14 @@ def _cpu_identity() -> str:
 
 
 def _compiler_identity(cc: str) -> str:
+    """The compiler's file, its size and time: a new compiler version is a new build. Not its
+    `--version`: start() reads this before a step goes on, and must never wait for a program."""
+    path = os.path.realpath(cc)
     try:
-        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
+        info = os.stat(path)
+    except OSError:
+        return path
+    return f"{path} {info.st_size} {info.st_mtime_ns}"
 
 
 def _key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
@@ -223,9 +237,12 @@ def _run_compiler(command: list[str], timeout: float) -> subprocess.CompletedPro
 _FLAG_SETS = (("-march=native",), ())
 
 
-def _build() -> dict[torch.dtype, Kernel]:
+def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
     """Load the kernels built for this machine, or build them (once per machine and user:
-    a lock keeps concurrent builders, the ranks of a torchrun job, from building together)."""
+    a lock keeps concurrent builders, the ranks of a torchrun job, from building together).
+
+    only_cached: load what is cached, or return None at once (no build, no waiting on a lock).
+    """
     cc = _compiler()
     openmp = _torch_openmp_library()
     package = resources.files(__package__)
@@ -233,10 +250,13 @@ def _build() -> dict[torch.dtype, Kernel]:
                                                                      "onepass_module.c")}
     folder = cache_dir()
     if not _private_folder(folder):
+        if only_cached:
+            return None
         return _build_in(Path(_temporary_folder()), cc, openmp, sources, keep=False)
     key = _key(cc, openmp, sources)
     with open(folder / f"{key}.lock", "a") as lock:
-        _lock_file(lock)  # released when the file closes
+        if not _lock_file(lock, wait=not only_cached):  # released when the file closes
+            return None
         for _source, _extra, kind in _builds():
             built = folder / f"onepass-{key}-{kind}"
             if not built.is_file():
@@ -247,6 +267,8 @@ def _build() -> dict[torch.dtype, Kernel]:
                 return kernels
             except (ImportError, OSError, RuntimeError):
                 built.unlink(missing_ok=True)  # broken or stale: build it again
+        if only_cached:
+            return None
         return _build_in(folder, cc, openmp, sources, keep=True, key=key)
 
 
@@ -319,12 +341,17 @@ def _temporary_folder() -> str:
     return folder
 
 
-def _lock_file(handle: Any) -> None:
+def _lock_file(handle: Any, wait: bool = True) -> bool:
+    """Lock `handle` for this process; False when `wait` is off and another process holds it."""
     try:
         import fcntl
     except ImportError:  # Windows: no cc there anyway
-        return
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        return True
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
 
 
 # macOS links an extension's Python symbols when it is loaded, as Linux does by default.

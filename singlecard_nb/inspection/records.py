@@ -26,21 +26,14 @@ from typing import Any
 
 import torch
 
+from ..job import place
+
 FORMAT = 1
 ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # pandas type -> SQLite column type
 _SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INTEGER",
               "bool": "INTEGER", "boolean": "INTEGER", "float": "REAL", "Float": "REAL"}
-
-
-def job() -> tuple[int, int]:
-    """(rank, world size) of this process in its torch.distributed job; (0, 1) outside one."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    # torchrun sets these before the script creates its process group
-    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def gather(frame, ranks: str | None = None):
@@ -134,7 +127,7 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> 
     The file is written beside its final name and moved into place, so a reader never sees a
     half-written file and an earlier file of the same name is replaced whole.
     """
-    rank, world_size = job()
+    rank, world_size = place()
     target = rank_path(path, rank, world_size)
     kinds = {name: _kind(frame[name]) for name in frame.columns}
     info = {"format": FORMAT, "rank": rank, "world_size": world_size,

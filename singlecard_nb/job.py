@@ -1,0 +1,28 @@
+"""Where this process stands in a torch.distributed job (ground floor: imports nothing of ours).
+
+One answer for every part that labels records, files or explanations with a rank: the process
+group once one is formed, else the variables torchrun sets before the script forms it.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def place() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside a job or with malformed variables."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        rank = int(os.environ.get("RANK", "0") or 0)
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 0, 1
+    return (rank, world) if 0 <= rank < max(world, 1) else (0, 1)
+
+
+def rank() -> int:
+    """This process's rank (0 outside a job)."""
+    return place()[0]
