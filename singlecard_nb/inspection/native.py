@@ -5,7 +5,7 @@ a tensor plus temporaries; `onepass.c` reads it once (measured in benchmarks/REA
 compiled with the system C compiler (`$CC`, else cc, gcc or clang) as a Python extension module
 (`onepass_module.c`) where Python's headers are installed, else as a plain library loaded with
 ctypes, and checked against torch on a known tensor. It is built once per machine and user, into
-a private cache (`cache_dir()`), named by everything that changes the build: the sources, the
+a private cache (`kernel_build.cache_dir()`), named by everything that changes the build: the sources, the
 compiler, the flags, the Python, the CPU (`-march=native`) and torch's OpenMP library; a lock
 keeps the ranks of a job from building it together. The build runs in a daemon thread, started
 by the first CPU tensor to reduce (`start()`), so no step ever waits for it: `kernels()` stays
@@ -16,33 +16,25 @@ on. `SINGLECARD_NB_NATIVE=0` turns the kernel off.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
-import hashlib
 import importlib.util
 import math
 import os
-import platform
 import shutil
-import signal
-import stat
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..notices import Notices
+from . import kernel_build
 
 ENV = "SINGLECARD_NB_NATIVE"
-CACHE_ENV = "SINGLECARD_NB_CACHE_DIR"
-COMPILE_TIMEOUT_S = 120
 
 # kernel(data_ptr, n, exact, address): writes stats.RAW (8 doubles) of the n values that fill
 # one dense block of memory from data_ptr at `address`, which stays valid (and is not shared)
@@ -127,135 +119,26 @@ def _build_in_background() -> None:
         _ready.set()
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        path = name and shutil.which(name)
-        if path:
-            return path
-    raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-
-
-def torch_openmp(maps: str, torch_dir: str) -> str | None:
-    """The GNU OpenMP library torch itself runs on, from the text of /proc/self/maps: the
-    libgomp file in torch's own folder (wheels ship a renamed copy, libgomp-<hash>.so.1), else
-    the one libgomp the process has loaded. None when there is none, or several and none is
-    torch's: linking another would start a second OpenMP runtime beside torch's."""
-    found = sorted({line.split(None, 5)[5].strip() for line in maps.splitlines()
-                    if len(line.split(None, 5)) == 6
-                    and os.path.basename(line.split(None, 5)[5]).startswith("libgomp")})
-    mine = [path for path in found if path.startswith(torch_dir.rstrip(os.sep) + os.sep)]
-    if mine:
-        return mine[0]
-    return found[0] if len(found) == 1 else None
-
-
-def _torch_openmp_library() -> str | None:
-    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-        return None
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    return torch_openmp(maps, os.path.dirname(os.path.realpath(torch.__file__)))
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept, per user: $SINGLECARD_NB_CACHE_DIR, else
-    $XDG_CACHE_HOME/singlecard_nb or ~/.cache/singlecard_nb."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "singlecard_nb")
-
-
-def _private_folder(folder: Path) -> bool:
-    """Create `folder` for this user only; False when it is not safe to load code from (owned
-    by someone else, or writable by others): then the kernel is built in a temporary folder."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError:
-        return False
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return False
-    return not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _cpu_identity() -> str:
-    """What -march=native compiles for: a kernel built on one CPU may not run on another (a
-    home directory shared by the nodes of a cluster)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
-    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in keep]
-    return "\n".join(dict.fromkeys(lines))  # the first CPU's; the others repeat it
-
-
-def _compiler_identity(cc: str) -> str:
-    """The compiler's file, its size and time: a new compiler version is a new build. Not its
-    `--version`: start() reads this before a step goes on, and must never wait for a program."""
-    path = os.path.realpath(cc)
-    try:
-        info = os.stat(path)
-    except OSError:
-        return path
-    return f"{path} {info.st_size} {info.st_mtime_ns}"
-
-
-def _key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
-    """A built kernel's name: everything that changes what the compiler makes of the sources."""
-    digest = hashlib.sha256()
-    for part in (cc, _compiler_identity(cc), str(openmp), sys.version, sys.platform,
-                 sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
-                 _cpu_identity(), repr(_FLAG_SETS), *sources.values()):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:24]
-
-
-def _run_compiler(command: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run the compiler in a session of its own: on a time-out the whole group goes (cc's own
-    children, cc1 and as, would otherwise keep running)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except BaseException:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
-
-
-# Most to least specific; the first that compiles wins. Never -ffast-math: NaN must stay NaN.
-_FLAG_SETS = (("-march=native",), ())
-
-
 def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
     """Load the kernels built for this machine, or build them (once per machine and user:
     a lock keeps concurrent builders, the ranks of a torchrun job, from building together).
 
     only_cached: load what is cached, or return None at once (no build, no waiting on a lock).
     """
-    cc = _compiler()
-    openmp = _torch_openmp_library()
+    cc = kernel_build.compiler()
+    openmp = kernel_build.torch_openmp_library()
     package = resources.files(__package__)
     sources = {name: package.joinpath(name).read_text() for name in ("onepass.c",
                                                                      "onepass_module.c")}
-    folder = cache_dir()
-    if not _private_folder(folder):
+    folder = kernel_build.cache_dir()
+    if not kernel_build.private_folder(folder):
         if only_cached:
             return None
-        return _build_in(Path(_temporary_folder()), cc, openmp, sources, keep=False)
-    key = _key(cc, openmp, sources)
+        return _build_in(Path(kernel_build.temporary_folder()), cc, openmp, sources, keep=False)
+    key = kernel_build.key(cc, openmp, sources)
     with open(folder / f"{key}.lock", "a") as lock:
-        if not _lock_file(lock, wait=not only_cached):  # released when the file closes
+        # the lock is released when the file closes
+        if not kernel_build.lock_file(lock, wait=not only_cached):
             return None
         for _source, _extra, kind in _builds():
             built = folder / f"onepass-{key}-{kind}"
@@ -290,14 +173,15 @@ def _build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str]
     try:
         for name, text in sources.items():
             Path(work, name).write_text(text)
-        variants = [(flags, None) for flags in _FLAG_SETS]
+        variants = [(flags, None) for flags in kernel_build.FLAG_SETS]
         if openmp is not None:  # link torch's own OpenMP library, by its path, not -lgomp
-            variants.insert(0, ((*_FLAG_SETS[0], "-fopenmp"), openmp))
+            variants.insert(0, ((*kernel_build.FLAG_SETS[0], "-fopenmp"), openmp))
         error = ""
         for source, extra, kind in _builds():
             for i, (flags, library) in enumerate(variants):
                 lib_path = Path(work, f"{i}-{kind}")
-                error = _compile(cc, Path(work, source), flags, extra, library, lib_path)
+                error = kernel_build.compile_library(cc, Path(work, source), flags, extra,
+                                                     library, lib_path)
                 if error:
                     continue
                 try:
@@ -312,46 +196,6 @@ def _build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str]
         raise RuntimeError(f"{cc} failed: {error}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _compile(cc: str, source: Path, flags: Sequence[str], extra: list[str],
-             library: str | None, output: Path) -> str:
-    """Compile `source` into `output`; the compiler's last line of error, or "" when done.
-    With an OpenMP `library`, compiling and linking are two steps: `-fopenmp` at link time
-    would add the system's libgomp beside torch's."""
-    common = [cc, "-O3", "-fPIC", *flags, *extra]
-    if library is None:
-        steps = [[*common, "-shared", str(source), "-o", str(output)]]
-    else:
-        objects = output.with_suffix(".o")
-        steps = [[*common, "-c", str(source), "-o", str(objects)],
-                 [cc, "-shared", str(objects), library,
-                  f"-Wl,-rpath,{os.path.dirname(library)}", "-o", str(output)]]
-    for command in steps:
-        done = _run_compiler(command, COMPILE_TIMEOUT_S)
-        if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1:]
-            return last[0] if last else f"exit status {done.returncode}"
-    return ""
-
-
-def _temporary_folder() -> str:
-    folder = tempfile.mkdtemp(prefix="singlecard_nb-")
-    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
-    return folder
-
-
-def _lock_file(handle: Any, wait: bool = True) -> bool:
-    """Lock `handle` for this process; False when `wait` is off and another process holds it."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no cc there anyway
-        return True
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
 
 
 # macOS links an extension's Python symbols when it is loaded, as Linux does by default.
