@@ -114,3 +114,15 @@ def test_unload_ext_stops_what_the_line_magic_started(ip):
     run(ip, "%inspect model\nmodel(x);")
     again = scn.inspector(ip.user_ns["model"])
     assert again.active and len(again.frame()) > 0
+
+
+def test_a_copy_of_an_inspected_model_with_hooks_of_its_own_is_not_recorded():
+    import copy
+
+    model, x = mlp(), torch.randn(3, 4)
+    model[0].register_forward_hook(lambda module, args, output: output * 2)  # its own hook
+    with scn.inspect(model) as insp:
+        twin = copy.deepcopy(model)  # what EMA / SWA callbacks do: the hooks are copied too
+        model(x)
+        twin(x)
+    assert insp.steps_recorded == 1 and set(insp.frame().step) == {0}

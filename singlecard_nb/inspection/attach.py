@@ -57,14 +57,13 @@ class Attachment:
         self._global_handle = None
         self._probes: list = []  # handles of the "called some other way" probe
 
-    @property
-    def active(self) -> bool:
+    def is_active(self) -> bool:
+        """Whether the owner still holds the hooks: not once given back, by `detach` or by
+        `borrow.restore_all()` (then without this inspector being told first)."""
         owner = self._owner
         return owner is not None and owner.active
 
-    def is_active(self) -> bool:
-        owner = self._owner
-        return owner is not None and owner.active
+    active = property(is_active)
 
     def attach(self, model: nn.Module, wrapper: nn.Module | None, targets: dict[int, Target],
                calls: CallTracker, recorder: Recorder, *, params: bool,
@@ -73,9 +72,13 @@ class Attachment:
         owner gives them back (by `detach`, or by `borrow.restore_all` on unload)."""
         owner = Borrowed(self._name)
         try:
-            owner.on_restore(on_detach, "the inspector stops")
-            self._model = model
-            owner.on_restore(self._let_go, "the inspected model, held while inspected")
+            self._model = model  # strongly, until the owner gives everything back
+
+            def detached() -> None:  # runs last: after every hook is gone
+                self._model = None
+                on_detach()
+
+            owner.on_restore(detached, "inspector state")
             calls.targets, calls.hooked = targets, dict(targets)
             self._forward_hook = calls.on_forward
             self._run_compiled_modules_eagerly(owner, model, wrapper)
@@ -110,9 +113,6 @@ class Attachment:
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.restore()
-
-    def _let_go(self) -> None:
-        self._model = None
 
     # --- the global hook and the probe ------------------------------------------------------
     def install_hook(self) -> None:

@@ -84,13 +84,23 @@ class CallTracker:
         self._install_hook, self._remove_hook = install_hook, remove_hook
         self._end_probes = end_probes
 
+    def __deepcopy__(self, memo: dict) -> CallTracker:
+        # A deepcopy of the inspected model (EMA, SWA) copies its hooks, and with them bound
+        # methods of this tracker: they stay this tracker's, which ignores the copy.
+        return self
+
     # --- steps ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Before the hooks are attached: no call is open; manual steps: step 0 starts now."""
-        self.depth = self.root_depth = 0
+        self.close_all()
         if self.manual_steps and self._recorder.step < 0:
             self._recorder.step = 0
             self.recording = True
+
+    def close_all(self) -> None:
+        """The hooks are gone: no call of the model is open any more."""
+        with self._lock:
+            self.depth = self.root_depth = 0
 
     def begin_step(self) -> None:
         self._end_probes()  # a step began: the model is called the way the engine expects

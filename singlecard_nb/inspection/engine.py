@@ -20,17 +20,17 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from .attach import Attachment
 from .calls import CallTracker
 from .diagnostics import Diagnostics
+from .options import Kept, check_arguments
 from .recorder import Recorder
 from .stats import VALUES
 from .store import COLUMNS, DEFAULT_MAX_ROWS, Store, to_frame
 from .summary import Summary
-from .targets import globs, matches, select_targets
+from .targets import globs, select_targets, track_histograms
 
 __all__ = ["COLUMNS", "Inspector", "inspect", "inspector"]
 
@@ -40,63 +40,25 @@ _active: dict[int, Inspector] = {}
 _latest: weakref.WeakValueDictionary[int, Inspector] = weakref.WeakValueDictionary()
 
 
-class _Part:
-    """An option or count kept by the one part of the inspector that uses it, read and set
-    through the Inspector (`insp.every` is its call tracker's)."""
-
-    def __init__(self, part: str):
-        self.part = part
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, insp: Any, owner: type | None = None) -> Any:
-        if insp is None:
-            return self
-        return getattr(getattr(insp, self.part), self.name)
-
-    def __set__(self, insp: Any, value: Any) -> None:
-        setattr(getattr(insp, self.part), self.name, value)
-
-
 class Inspector:
     """Records shapes and statistics of module tensors; see `inspect()` for the options."""
 
-    every = _Part("_calls")
-    grads = _Part("_recorder")
-    trap = _Part("_recorder")
-    inputs = _Part("_recorder")
-    exact_std = _Part("_recorder")
-    hist_bins = _Part("_recorder")
-    max_rows = _Part("_store")
-    steps_recorded = _Part("_store")
-    errors = _Part("_diagnostics")  # failures inside the inspector, never raised to the user
-    notes = _Part("_diagnostics")  # what could not be recorded as asked, said once per kind
+    every = Kept("_calls")
+    grads = Kept("_recorder")
+    trap = Kept("_recorder")
+    inputs = Kept("_recorder")
+    exact_std = Kept("_recorder")
+    hist_bins = Kept("_recorder")
+    max_rows = Kept("_store")
+    steps_recorded = Kept("_store")
+    errors = Kept("_diagnostics")  # failures inside the inspector, never raised to the user
+    notes = Kept("_diagnostics")  # what could not be recorded as asked, said once per kind
 
     def __init__(self, model: nn.Module, include=None, exclude=None, every: int = 1,
                  grads: bool = False, trap: bool = False, max_rows: int | None = None,
                  inputs: bool | str = "root", hist=None, hist_bins: int = 64,
                  exact_std: bool = False, steps: str = "forward", params: bool = False):
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"inspect() needs an nn.Module, got {type(model).__name__}")
-        if isinstance(model, torch.jit.ScriptModule):
-            raise TypeError(
-                f"inspect() got a TorchScript module ({type(model).__name__}, from torch.jit."
-                "script, trace or load): it runs as TorchScript, not Python, so no hook can see "
-                "the modules inside it. inspect the nn.Module before scripting or tracing it "
-                "(scn.inspect(model), then torch.jit.trace(model, ...) when you are done).")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive integer, got {every!r}")
-        if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 1):
-            raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
-        if steps not in ("forward", "manual"):
-            raise ValueError(f"steps must be 'forward' or 'manual', got {steps!r}")
-        if inputs not in (True, False, "root"):
-            raise ValueError(f"inputs must be True, False or 'root', got {inputs!r}")
-        wrapper = None
-        original = getattr(model, "_orig_mod", None)
-        if isinstance(original, nn.Module):  # a torch.compile(...) wrapper: it runs the original
-            wrapper, model = model, original
+        model, wrapper = check_arguments(model, every, max_rows, steps, inputs)
         # Weak references: while active the attach owner holds the model (and the model's hooks
         # hold this inspector); once stopped, nothing here keeps the model's memory alive.
         self._model = weakref.ref(model)
@@ -176,7 +138,7 @@ class Inspector:
         the last step reaches the host, and this inspector no longer records its model."""
         if _active.get(self._model_id) is self:
             del _active[self._model_id]
-        self._calls.depth = self._calls.root_depth = 0
+        self._calls.close_all()
         self._recorder.flush()
 
     def __enter__(self) -> Inspector:
@@ -294,7 +256,9 @@ class Inspector:
         """
         from .plots import histograms
 
-        added = self._track_histograms(globs(modules) or [])
+        patterns = globs(modules) or []
+        added = track_histograms(self._calls.targets, patterns)
+        self.hist_patterns = (self.hist_patterns or []) + patterns
         try:
             return histograms(self, modules, bins or self.hist_bins)
         except ValueError:
@@ -303,16 +267,6 @@ class Inspector:
             raise ValueError(
                 f"no histogram recorded yet for {', '.join(added)}: they are taken from the next "
                 "recorded step on. Run a step, then call insp.hist() again.") from None
-
-    def _track_histograms(self, patterns: list[str]) -> list[str]:
-        """Also take histograms for modules matching `patterns`; returns the newly tracked paths."""
-        added = []
-        for target in self._calls.targets.values():
-            if not target.hist and matches(target.path, target.type_name, patterns):
-                target.hist = True
-                added.append(target.path or "''")
-        self.hist_patterns = (self.hist_patterns or []) + patterns
-        return added
 
     def _repr_html_(self) -> str:
         return self.summary()._repr_html_()

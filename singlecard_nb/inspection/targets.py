@@ -64,3 +64,14 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
             "its inputs and outputs are recorded, the modules inside it are not (TorchScript "
             "runs no Python hooks).")
     return targets
+
+
+def track_histograms(targets: dict[int, Target], patterns: list[str]) -> list[str]:
+    """Also take histograms for the targets matching `patterns`; returns the newly tracked
+    paths."""
+    added = []
+    for target in targets.values():
+        if not target.hist and matches(target.path, target.type_name, patterns):
+            target.hist = True
+            added.append(target.path or "''")
+    return added
