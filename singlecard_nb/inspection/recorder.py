@@ -46,7 +46,8 @@ def _device_name(device: torch.device) -> str:
 class _Pending:
     """Rows of the current step whose statistics may still be on the device."""
 
-    def __init__(self, exact_std: bool):
+    def __init__(self, exact_std: bool, max_rows: int):
+        self.max_rows = max_rows  # flushed when reached (the store's bound, read per step)
         self.rows: list[tuple] = []  # (step, path, type, call, io, index, shape, dtype, device)
         self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
         self.stats = StepStats(exact_std)
@@ -72,7 +73,7 @@ class Recorder:
         self.exact_std, self.hist_bins = exact_std, hist_bins
         self.step = -1  # the step the pending rows belong to; the call tracker advances it
         self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
-        self.pending = _Pending(exact_std)
+        self.pending = _Pending(exact_std, store.max_rows)
         self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
         self._store = store
         self._diagnostics = diagnostics
@@ -170,7 +171,7 @@ class Recorder:
                                  shape, _DTYPE_NAMES.get(dtype) or str(dtype)[6:],
                                  _DEVICE_NAMES.get(device) or _device_name(device), training))
             pending.slots.append(slot)
-            full = len(pending.rows) >= self._store.max_rows
+            full = len(pending.rows) >= pending.max_rows
             if target.hist and io == "output" and slot is not None and t.numel():
                 self.guarded(self._take_histogram, target, t)
         if full:  # steps="manual" without step(): pending rows stay bounded too
@@ -276,7 +277,7 @@ class Recorder:
     def flush(self) -> None:
         """Move the pending step's statistics to the host (one transfer per device)."""
         with self._lock:
-            pending, self.pending = self.pending, _Pending(self.exact_std)
+            pending, self.pending = self.pending, _Pending(self.exact_std, self._store.max_rows)
             self._seen.clear()
             if not pending.rows:
                 return
