@@ -56,11 +56,11 @@ def test_inspect_across_cells_then_show_and_off(ip, capsys):
 
 
 def test_params_option_records_parameters_after_each_optimiser_step(ip):
-    run(ip, "insp = %inspect model --params\n"
+    run(ip, "%inspect model --params\n"
             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
             "for _ in range(2):\n"
             "    model(x).sum().backward(); opt.step(); opt.zero_grad()")
-    df = ip.user_ns["insp"].frame()
+    df = scn.inspector(ip.user_ns["model"]).frame()
     weight = df.query("io == 'param' and module == '2' and index == 'weight' and step == 1")
     assert weight["mean"].iloc[0] == pytest.approx(
         ip.user_ns["model"][2].weight.double().mean().item(), rel=1e-6, abs=1e-7)
@@ -102,9 +102,11 @@ def test_the_cell_magic_shows_a_last_value_like_a_cell(ip):
     assert run(ip, "%%inspect model\n2 + 3;").result is None
 
 
-def test_the_line_magic_returns_its_inspector_and_scn_finds_it(ip):
-    run(ip, "insp = %inspect model --grads\nmodel(x).sum().backward()")
-    insp = ip.user_ns["insp"]
+def test_the_line_magic_returns_nothing_and_scn_finds_its_inspector(ip):
+    result = run(ip, "%inspect model --grads")
+    assert result.result is None  # nothing for IPython's Out cache to keep
+    run(ip, "model(x).sum().backward()")
+    insp = scn.inspector(ip.user_ns["model"])
     assert insp is magics(ip).inspectors["model"] and insp.active
     assert scn.inspector(ip.user_ns["model"]) is insp
     assert "param_grad" in set(insp.frame().io)
@@ -181,7 +183,7 @@ def test_unload_removes_every_inspector_hook(ip):
 def test_live_option_attaches_a_view_that_updates_while_training(ip):
     run(ip, "%inspect model --live")
     insp = magics(ip).inspectors["model"]
-    assert len(insp._listeners) == 1  # the live view listens for finished steps
+    assert len(insp._store.listeners) == 1  # the live view listens for finished steps
     run(ip, "for _ in range(3):\n    model(x)")
     run(ip, "%inspect off model")
-    assert insp._listeners == []  # the view lets go when inspection stops
+    assert insp._store.listeners == []  # the view lets go when inspection stops

@@ -382,7 +382,7 @@ def test_manual_steps_without_step_keep_memory_bounded():
         with scn.inspect(model, steps="manual", max_rows=30) as insp:
             for _ in range(50):
                 model(torch.randn(3))
-                assert len(insp._pending.rows) <= 30
+                assert len(insp._recorder.pending.rows) <= 30
     assert len(insp.frame()) == 30
 
 

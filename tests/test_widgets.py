@@ -325,7 +325,7 @@ def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
     assert "(16)" not in final["text/html"] and "(5, 16)" in final["text/html"]
     # the NaN of step 55 is gone by step 59, but its history shows in the sparkline ("·")
     assert "·" in final["text/html"]
-    assert insp._listeners == []  # the listener went away with the inspector
+    assert insp._store.listeners == []  # the listener went away with the inspector
 
 
 def test_live_view_highlights_nan_modules(shown):

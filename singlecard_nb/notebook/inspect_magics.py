@@ -58,13 +58,16 @@ class InspectMagics(Magics):
               help="With off/show: which model (default: all).")
     @_options
     @line_magic
-    def inspect(self, line: str) -> Any:
+    def inspect(self, line: str) -> None:
         """Inspect a model's modules across cells: shapes and statistics of every tensor.
 
-        insp = %inspect model --every 10 --grads    start (or restart with new options); gives
-                                                     the Inspector (also scn.inspector(model))
-        %inspect show [model]                        display what was recorded
-        %inspect off [model]                         stop and remove every hook
+        %inspect model --every 10 --grads    start (or restart with new options); the
+                                              Inspector is scn.inspector(model)
+        %inspect show [model]                display what was recorded
+        %inspect off [model]                 stop and remove every hook
+
+        Returns nothing: IPython's Out cache would keep a returned Inspector, and with it the
+        model, after `%inspect off`.
         """
         args = parse_argstring(self.inspect, line)
         if args.what in _ACTIONS:
@@ -92,7 +95,7 @@ class InspectMagics(Magics):
         self._start_flushing()
         if args.live:
             insp.live()
-        return insp  # `insp = %inspect model`; the inspector holds no activation
+        return None
 
     @magic_arguments()
     @argument("what", metavar="MODEL", help="A variable holding an nn.Module.")

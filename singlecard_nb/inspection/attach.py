@@ -1,0 +1,242 @@
+"""Every hook and patch of one inspector, owned by one `Borrowed`: the inspector is active
+exactly while that owner holds its changes (so `borrow.restore_all()`, as `%unload_ext` runs it,
+stops the inspector too).
+
+A root forward pre-hook starts each step; on a recorded step the call tracker installs ONE
+global module forward hook, removed again by the root's (always-called) forward hook, so other
+models, and steps that `every=N` skips, run on torch's hook-free fast path. Compiled modules run
+eagerly while inspected (compiled code bypasses module hooks).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_globals
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from ..borrow import Borrowed
+from .calls import CallTracker, StepMethod
+from .diagnostics import Diagnostics
+from .recorder import Recorder
+from .targets import Target
+
+# Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+# torch's handle for register_module_forward_hook(..., with_kwargs=True) does not remove the
+# with_kwargs entry it made (torch <= 2.13): the engine removes it itself.
+_GLOBAL_WITH_KWARGS: dict = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
+_TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+def eager(fn: Callable) -> Callable:
+    """`fn`, never traced into a compiled graph (torch.compiler.disable where available)."""
+    disable = getattr(torch.compiler, "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
+def _remove_filter(entry: tuple) -> None:
+    if entry in warnings.filters:
+        warnings.filters.remove(entry)
+        getattr(warnings, "_filters_mutated", lambda: None)()  # what filterwarnings calls
+
+
+class Attachment:
+    """The hooks and patches of one inspector; `active` is whether its owner holds them."""
+
+    def __init__(self, name: str, diagnostics: Diagnostics):
+        self._name = name
+        self._say = diagnostics.say
+        self._owner: Borrowed | None = None
+        self._model: nn.Module | None = None  # held while attached, weakly by the rest
+        self._forward_hook: Callable | None = None
+        self._global_handle = None
+        self._probes: list = []  # handles of the "called some other way" probe
+
+    def is_active(self) -> bool:
+        """Whether the owner still holds the hooks: not once given back, by `detach` or by
+        `borrow.restore_all()` (then without this inspector being told first)."""
+        owner = self._owner
+        return owner is not None and owner.active
+
+    active = property(is_active)
+
+    def attach(self, model: nn.Module, wrapper: nn.Module | None, targets: dict[int, Target],
+               calls: CallTracker, recorder: Recorder, *, params: bool,
+               on_detach: Callable[[], None]) -> None:
+        """Attach every hook and patch; on failure nothing stays. `on_detach` runs when the
+        owner gives them back (by `detach`, or by `borrow.restore_all` on unload)."""
+        owner = Borrowed(self._name)
+        try:
+            self._model = model  # strongly, until the owner gives everything back
+
+            def detached() -> None:  # runs last: after every hook is gone
+                self._model = None
+                on_detach()
+
+            owner.on_restore(detached, "inspector state")
+            calls.targets, calls.hooked = targets, dict(targets)
+            self._forward_hook = calls.on_forward
+            self._run_compiled_modules_eagerly(owner, model, wrapper)
+            self._attach_late(owner, model, calls)  # before the root's: those are not the user's
+            # The root hooks always run eagerly, also where torch.compile traces the model from
+            # outside (compiled code then bypasses the module hooks: the root hook says so).
+            owner.add_handle(model.register_forward_pre_hook(
+                eager(calls.on_root_pre), with_kwargs=True), "root pre-hook")
+            owner.add_handle(model.register_forward_hook(
+                eager(calls.on_root_post), always_call=True), "root hook")
+            for name in STEP_METHODS:  # Lightning drives a LightningModule through these
+                method = getattr(model, name, None)
+                if callable(method) and getattr(method, "__self__", None) is model:
+                    owner.set_attr(model, name, StepMethod(calls, method), f"{name} is a step")
+            owner.on_restore(self.remove_hook, "module forward hooks")
+            owner.on_restore(recorder.remove_tensor_hooks, "gradient hooks on this step's tensors")
+            if recorder.grads:
+                self._attach_param_hooks(owner, model, targets, calls, recorder)
+            if params:
+                self._attach_optimizer_hook(owner, model, targets, calls, recorder)
+            if calls.manual_steps and calls.recording:
+                self.install_hook()  # a manual step records every call until step()
+            elif recorder.step < 0:
+                self._attach_probes(owner, model, calls)
+        except BaseException:
+            owner.restore()
+            raise
+        self._owner = owner
+
+    def detach(self) -> None:
+        """Give every hook and patch back (harmless when already given back)."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.restore()
+
+    # --- the global hook and the probe ------------------------------------------------------
+    def install_hook(self) -> None:
+        if self._global_handle is None:
+            self._global_handle = register_module_forward_hook(self._forward_hook,
+                                                               with_kwargs=True)
+
+    def remove_hook(self) -> None:
+        handle, self._global_handle = self._global_handle, None
+        if handle is not None:
+            handle.remove()
+            _GLOBAL_WITH_KWARGS.pop(handle.id, None)
+
+    def end_probes(self) -> None:
+        if self._probes:
+            probes, self._probes = self._probes, []
+            for handle in probes:
+                handle.remove()
+
+    def _attach_probes(self, owner: Borrowed, model: nn.Module, calls: CallTracker) -> None:
+        """Until the first step: notice children that run outside a call of the model.
+
+        One global pre-hook, not one per child: registering a hook costs ~10 µs, which a flat
+        Sequential of 5 000 layers would pay at every inspect(). It is gone at the first step
+        (or once it has spoken), so only calls made before that take torch's hook path.
+        """
+        probed = {id(child) for child in model.children()}
+        handle = register_module_forward_pre_hook(functools.partial(calls.on_child_probe, probed))
+        self._probes.append(owner.add_handle(handle, "probe: children called directly"))
+
+    # --- module hooks and patches -----------------------------------------------------------
+    def _run_compiled_modules_eagerly(self, owner: Borrowed, model: nn.Module,
+                                      wrapper: nn.Module | None) -> None:
+        """Compiled code bypasses module hooks: while inspected, compiled modules run eagerly."""
+        compiled = []
+        for path, m in model.named_modules():
+            if getattr(m, "_compiled_call_impl", None) is not None:  # module.compile()
+                owner.set_attr(m, "_compiled_call_impl", None, "compiled module runs eagerly")
+                compiled.append(repr(path))
+        if wrapper is not None:  # torch.compile(module): call the original instead
+            owner.set_attr(wrapper, "forward", model.__call__,
+                           "torch.compile wrapper runs the original module")
+            # torch notes that global hooks also fire for the wrapper; ours ignore it
+            warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
+            owner.on_restore(functools.partial(_remove_filter, warnings.filters[0]),
+                             "warnings filter for torch.compile's global hook note")
+            compiled.insert(0, f"the torch.compile wrapper of {type(model).__name__}")
+        if compiled:
+            listed = ", ".join(compiled[:5]) + (", ..." if len(compiled) > 5 else "")
+            self._say("compiled", f"compiled modules run eagerly while inspected ({listed}), so "
+                      "that every module inside them is recorded; the values are those of the "
+                      "eager model. insp.stop() gives the compiled code back.")
+
+    def _attach_late(self, owner: Borrowed, model: nn.Module, calls: CallTracker) -> None:
+        """torch runs global forward hooks before a module's own: a module with its own forward
+        hooks (which may replace its output) is recorded by a hook of its own, added after them,
+        so that its rows hold what its caller receives."""
+        for module in model.modules():
+            target = calls.targets.get(id(module))
+            if (target is not None and module._forward_hooks
+                    and not isinstance(module, torch.jit.ScriptModule)):
+                del calls.hooked[id(module)]
+                hook = functools.partial(calls.on_forward, own_hooks=True)
+                owner.add_handle(module.register_forward_hook(hook, with_kwargs=True),
+                                 f"forward hook after those of {target.path or 'the model'}")
+
+    def _attach_param_hooks(self, owner: Borrowed, model: nn.Module, targets: dict[int, Target],
+                            calls: CallTracker, recorder: Recorder) -> None:
+        seen: set[int] = set()
+        for module in model.modules():
+            target = targets.get(id(module))
+            if target is None:
+                continue
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) in seen or not param.requires_grad:
+                    continue
+                seen.add(id(param))
+                hook = self._param_grad_hook(target, module, name, calls, recorder)
+                owner.add_handle(param.register_post_accumulate_grad_hook(hook),
+                                 f"grad hook {target.path}.{name}")
+
+    def _param_grad_hook(self, target: Target, module: nn.Module, name: str,
+                         calls: CallTracker, recorder: Recorder):
+        def on_param_grad(param: torch.Tensor) -> None:
+            if self.active and calls.recording and param.grad is not None:
+                recorder.guarded(recorder.record_grad, target, 0, "param_grad", name,
+                                 param.grad, recorder.step, module.training)
+
+        return on_param_grad
+
+    def _attach_optimizer_hook(self, owner: Borrowed, model: nn.Module,
+                               targets: dict[int, Target], calls: CallTracker,
+                               recorder: Recorder) -> None:
+        """params=True: after each optimiser step, record the parameters it updated and the
+        gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        param_targets: dict[int, tuple[Target, str, nn.Module]] = {}
+        # Buffers (BatchNorm's running statistics...) with their modules: read after the first
+        # optimiser step of each step, when this step's forward has updated them.
+        buffer_modules: list[tuple[Target, nn.Module]] = []
+        for module in model.modules():
+            target = targets.get(id(module))
+            if target is not None:
+                for name, param in module.named_parameters(recurse=False):
+                    param_targets.setdefault(id(param), (target, name, module))
+                if next(module.named_buffers(recurse=False), None) is not None:
+                    buffer_modules.append((target, module))
+
+        def on_optimizer_step(optimizer, args, kwargs) -> None:
+            if self.active and calls.recording:
+                recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
+
+        handle = register_optimizer_step_post_hook(eager(on_optimizer_step))
+
+        def remove() -> None:
+            handle.remove()
+            # when inspection ends: say if nothing was seen
+            if recorder.optimizer_steps == 0 and recorder.step >= 0:
+                warnings.warn(
+                    "singlecard_nb: params=True, but no torch.optim optimiser stepped this "
+                    "model's parameters on a recorded step, so there are no 'param' / "
+                    "'step_grad' rows (parameters updated by hand are not seen).",
+                    RuntimeWarning, stacklevel=4)
+
+        owner.on_restore(remove, "optimizer step hook")
+

@@ -1,0 +1,50 @@
+"""What an inspector could not do: failures (`insp.errors`) and notes (`insp.notes`), each
+warned about once, never raised into the user's forward."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+_OWN_FILES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def user_stacklevel() -> int:
+    """The warnings stacklevel of the first caller outside singlecard_nb and torch (a warning
+    from a hook then points at the user's line that ran the model)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class Diagnostics:
+    """One inspector's failures and notes, shared by its parts."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []  # failures inside the inspector, never raised to the user
+        self.notes: list[str] = []  # what could not be recorded as asked, said once per kind
+        self._said: set[str] = set()
+        self._warned = False
+
+    def say(self, kind: str, message: str) -> None:
+        """Tell the user once per kind what cannot be recorded as asked (also in insp.notes)."""
+        if kind in self._said:
+            return
+        self._said.add(kind)
+        self.notes.append(message)
+        warnings.warn(f"singlecard_nb: {message}", UserWarning, stacklevel=user_stacklevel())
+
+    def failed(self, error: Exception, path: str) -> None:
+        """A recording step failed: listed in insp.errors, warned about the first time."""
+        self.errors.append(f"{type(error).__name__} while inspecting {path!r}: {error}")
+        del self.errors[:-100]
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"singlecard_nb: {type(error).__name__} while inspecting {path!r}: {error}. The "
+                "forward pass goes on unchanged; that tensor is not recorded. Further failures "
+                "are only listed in insp.errors.", RuntimeWarning, stacklevel=user_stacklevel())

@@ -1,0 +1,293 @@
+"""The pending step: one row (and statistics slot) per recorded tensor, moved to the host by
+`flush`.
+
+Per tensor: a row of metadata (a tuple of atomic values) and a statistics slot of `stats.py`;
+a container's output that is a child's output seen a few hooks earlier reuses its slot (dedupe).
+Gradients are rows too, from hooks put on this step's tensors (removed when the step ends).
+With the trap on, each result is read at once and a NaN/Inf raises `NonFiniteError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import NonFiniteError
+from .diagnostics import Diagnostics
+from .stats import VALUES, StepStats, reducible
+from .store import Store
+from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
+from .targets import Target
+
+# A container's output is the same tensor as a child's, seen a few hooks earlier: remembering
+# only the last few keeps dedupe's weak references from piling up for the garbage collector.
+_SEEN_WINDOW = 64
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+_DEVICE_NAMES: dict[torch.device, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = str(device)
+    return name
+
+
+class _Pending:
+    """Rows of the current step whose statistics may still be on the device."""
+
+    def __init__(self, exact_std: bool, max_rows: int):
+        self.max_rows = max_rows  # flushed when reached (the store's bound, read per step)
+        self.rows: list[tuple] = []  # (step, path, type, call, io, index, shape, dtype, device)
+        self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
+        self.stats = StepStats(exact_std)
+        self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+class Recorder:
+    """Records tensors into the pending step and hands finished steps to the store.
+
+    Lock contract: the pending step (rows, slots, dedupe window, gradient hook handles) changes
+    only under `lock`, the inspector's one RLock, so that another thread may flush or read
+    frames while the model runs (and autograd's thread records gradients). `step` and `calls`
+    change only between steps, when the call tracker begins one (`begin_step`).
+
+    active: whether the inspector's hooks are attached (a gradient hook of a stopped inspector
+        that still fires records nothing).
+    """
+
+    def __init__(self, store: Store, diagnostics: Diagnostics, lock: threading.RLock,
+                 active: Callable[[], bool], *, inputs: bool | str, trap: bool, grads: bool,
+                 exact_std: bool, hist_bins: int):
+        self.inputs, self.trap, self.grads = inputs, trap, grads
+        self.exact_std, self.hist_bins = exact_std, hist_bins
+        self.step = -1  # the step the pending rows belong to; the call tracker advances it
+        self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
+        self.pending = _Pending(exact_std, store.max_rows)
+        self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
+        self._store = store
+        self._diagnostics = diagnostics
+        self._failed = diagnostics.failed
+        self._lock = lock
+        self._active = active
+        self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, _version, slot): dedupe
+        self._tensor_hooks: list = []  # gradient hooks put on this step's tensors
+        self._recomputed_calls: dict[int, int] = {}
+        self._recomputed_task = -1
+
+    def begin_step(self) -> int:
+        """The pending step reaches the host and the next one begins; returns its number."""
+        self.flush()
+        # Gradient hooks of the previous step go: tensors that outlive a step (a module
+        # returning its own Parameter) would otherwise collect one more hook per step.
+        self.remove_tensor_hooks()
+        self.step += 1
+        self.calls.clear()
+        return self.step
+
+    # --- module calls -----------------------------------------------------------------------
+    def record_call(self, target: Target, module: nn.Module, args, kwargs, output) -> None:
+        """One call of an inspected module: its output (and inputs, with inputs=True)."""
+        key = id(module)
+        call = self.calls.get(key, 0)
+        self.calls[key] = call + 1
+        training = module.training
+        try:
+            if self.inputs is True:
+                self.record_structure(target, call, "input", (args, kwargs), training)
+            inputs = (args, kwargs) if self.trap else None
+            if type(output) is torch.Tensor:  # the common case, without walking a structure
+                self.record_tensor(target, call, "output", "", output, training, inputs)
+            else:
+                self.record_structure(target, call, "output", output, training, inputs)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._failed(e, target.path)
+
+    def record_root_inputs(self, target: Target, module: nn.Module, args, kwargs) -> None:
+        call = self.calls.get(id(module), 0)  # the forward hook counts this call
+        self.guarded(self.record_structure, target, call, "input", (args, kwargs),
+                     module.training)
+
+    def record_structure(self, target: Target, call: int, io: str, obj: Any,
+                         training: bool, inputs: Any = None) -> None:
+        if io == "input":
+            args, kwargs = obj
+            items = walk_tensors(args)
+            for key, value in kwargs.items():
+                found = walk_tensors(value, f"[{key!r}]")
+                items += found
+                items.truncated |= found.truncated
+        else:
+            items = walk_tensors(obj)
+        if items.truncated:
+            where = repr(target.path) if target.path else "the model"
+            self._diagnostics.say(
+                "truncated", f"the {io} of {where} holds more than {MAX_TENSORS_PER_OUTPUT} "
+                f"tensors (or {MAX_OBJECTS_PER_OUTPUT} objects): only the first are recorded "
+                "(for this and any other such structure).")
+        for index, tensor in items:
+            self.record_tensor(target, call, io, index, tensor, training, inputs)
+
+    def record_tensor(self, target: Target, call: int, io: str, index: str,
+                      t: torch.Tensor, training: bool, inputs: Any = None) -> None:
+        dtype = t.dtype
+        values = None
+        with self._lock:
+            pending = self.pending
+            slot = None
+            if reducible(t):
+                shape = tuple(t.shape)
+                try:
+                    version = t._version
+                except RuntimeError:  # an inference tensor (inference_mode) has no version
+                    version = None
+                cached = self._seen.get(id(t))
+                if (cached is not None and cached[0]() is t and version is not None
+                        and cached[1] == version):
+                    slot = cached[2]  # a container's output seen again: reuse its statistics
+                else:
+                    slot = pending.stats.add(t, shape, immediate=self.trap)
+                    if len(self._seen) >= _SEEN_WINDOW:
+                        self._seen.clear()
+                    self._seen[id(t)] = (weakref.ref(t), version, slot)
+                if self.trap:
+                    values = pending.stats.value(slot)
+            else:
+                shape = odd_shape(t)
+            device = t.device
+            pending.rows.append((self.step, target.path, target.type_name, call, io, index,
+                                 shape, _DTYPE_NAMES.get(dtype) or str(dtype)[6:],
+                                 _DEVICE_NAMES.get(device) or _device_name(device), training))
+            pending.slots.append(slot)
+            full = len(pending.rows) >= pending.max_rows
+            if target.hist and io == "output" and slot is not None and t.numel():
+                self.guarded(self._take_histogram, target, t)
+        if full:  # steps="manual" without step(): pending rows stay bounded too
+            self.flush()
+        if values is not None:
+            self._check_finite(target, call, io, index, values, inputs)
+        if self.grads and io == "output" and t.requires_grad:
+            self.hook_grad(t, target, call, index, training)
+
+    def _check_finite(self, target, call, io, index, values, inputs) -> None:
+        # an empty tensor has no statistics: its counts are NaN, not a NaN found
+        nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
+        if nan or inf:
+            inputs_finite = None
+            if inputs is not None:
+                inputs_finite = all(
+                    bool(torch.isfinite(t).all()) for _, t in walk_tensors(inputs)
+                    if reducible(t) and (t.is_floating_point() or t.is_complex()))
+            self.flush()
+            raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
+                                 nan, inf, inputs_finite)
+
+    def _take_histogram(self, target: Target, t: torch.Tensor) -> None:
+        values = torch.nan_to_num(t.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
+        lo_hi = torch.stack(torch.aminmax(values))
+        self.pending.hists[target.path] = (torch.histc(values, bins=self.hist_bins), lo_hi)
+
+    def guarded(self, fn, *args) -> None:
+        """Run a recording step; a failure is recorded and warned about once, never raised."""
+        try:
+            fn(*args)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._failed(e, args[0].path if args and isinstance(args[0], Target) else "?")
+
+    # --- gradients --------------------------------------------------------------------------
+    def hook_grad(self, t: torch.Tensor, target: Target, call: int, index: str,
+                  training: bool) -> None:
+        # Handles are kept so that the hooks go when the step ends (begin_step, stop).
+        step = self.step
+
+        def on_grad(grad: torch.Tensor) -> None:
+            if grad is not None and self._active():
+                self.guarded(self.record_grad, target, call, "grad", index, grad, step, training)
+
+        handle = t.register_hook(on_grad)
+        with self._lock:
+            self._tensor_hooks.append(handle)
+
+    def record_grad(self, target, call, io, index, grad, step, training) -> None:
+        if step != self.step:
+            return  # a backward through a graph of an older step: not this step's gradient
+        self.record_tensor(target, call, io, index, grad, training)
+
+    def on_recomputed(self, target: Target, module: nn.Module, output: Any) -> None:
+        """Gradient checkpointing re-runs a forward during backward. Its outputs are those of
+        the step being recomputed: no new rows, but their gradients (with use_reentrant=True
+        only the recomputed graph carries them) are that step's, under the same call number."""
+        task = _graph_task_id()
+        if task != self._recomputed_task:  # a new backward pass: calls count from 0 again
+            self._recomputed_task, self._recomputed_calls = task, {}
+        key = id(module)
+        call = self._recomputed_calls.get(key, 0)
+        self._recomputed_calls[key] = call + 1
+        items = [("", output)] if type(output) is torch.Tensor else walk_tensors(output)
+        for index, t in items:
+            if t.requires_grad:
+                self.hook_grad(t, target, call, index, module.training)
+
+    def remove_tensor_hooks(self) -> None:
+        with self._lock:
+            hooks, self._tensor_hooks = self._tensor_hooks, []
+        for handle in hooks:
+            handle.remove()
+
+    # --- optimiser steps (params=True) ------------------------------------------------------
+    def record_optimizer_step(self, optimizer, param_targets: dict, buffer_modules: list) -> None:
+        """The parameters `optimizer` updated (and the gradients it used); the buffers once per
+        step, after its first optimiser step, when this step's forward has updated them."""
+        mine = [(p, *param_targets[id(p)]) for group in optimizer.param_groups
+                for p in group["params"] if id(p) in param_targets]
+        if mine:
+            self.optimizer_steps += 1
+            if "buffers" not in self.calls:  # once per step (calls is cleared at each)
+                self.calls["buffers"] = 1
+                for target, module in buffer_modules:
+                    for name, buffer in module.named_buffers(recurse=False):
+                        self.guarded(self.record_tensor, target, 0, "buffer", name,
+                                     buffer.detach(), module.training)
+        for param, target, name, module in mine:
+            key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
+            call = self.calls.get(key, 0)
+            self.calls[key] = call + 1
+            training = module.training
+            self.guarded(self.record_tensor, target, call, "param", name, param.detach(),
+                         training)
+            if param.grad is not None:
+                self.guarded(self.record_tensor, target, call, "step_grad", name, param.grad,
+                             training)
+
+    # --- to the host ------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Move the pending step's statistics to the host (one transfer per device)."""
+        with self._lock:
+            pending, self.pending = self.pending, _Pending(self.exact_std, self._store.max_rows)
+            self._seen.clear()
+            if not pending.rows:
+                return
+            # Ctrl-C can land between the two appends of record_tensor
+            n = min(len(pending.rows), len(pending.slots))
+            rows, slots = pending.rows[:n], pending.slots[:n]
+            try:
+                values = pending.stats.table(slots)
+            except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
+                self._failed(e, f"statistics of step {rows[0][0]}")
+                values = np.full((n, len(VALUES)), np.nan)
+            self._store.receive(rows, values, pending.hists)
+        self._store.tell_listeners()
