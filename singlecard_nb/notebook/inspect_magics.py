@@ -8,10 +8,11 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..borrow import Borrowed
+from .arguments import parse_line
 
 _ACTIONS = ("off", "show")
 
@@ -69,7 +70,7 @@ class InspectMagics(Magics):
         Returns nothing: IPython's Out cache would keep a returned Inspector, and with it the
         model, after `%inspect off`.
         """
-        args = parse_argstring(self.inspect, line)
+        args = parse_line(self.inspect, "%inspect", line)
         if args.what in _ACTIONS:
             names = self._known(args.name)
             for name in names:
@@ -110,7 +111,7 @@ class InspectMagics(Magics):
         An error in the cell fails the cell with that error (after the summary), as without the
         magic. The inspector stays reachable: scn.inspector(model) or %inspect show model.
         """
-        args = parse_argstring(self.inspect_cell, line)
+        args = parse_line(self.inspect_cell, "%%inspect", line)
         running = self.inspectors.get(args.what)
         if running is not None and running.active:
             raise UsageError(f"%%inspect: {args.what!r} is already inspected across cells by "
@@ -161,9 +162,17 @@ class InspectMagics(Magics):
                              "name of an nn.Module, e.g. `%inspect model`.")
         value = self.shell.user_ns[head]
         for attribute in attributes:
-            if not hasattr(value, attribute):
-                raise UsageError(f"%inspect: {name!r} has no attribute {attribute!r}.")
-            value = getattr(value, attribute)
+            if not attribute.isidentifier():
+                raise UsageError(f"%inspect: {name!r} is not a dotted name of a variable, e.g. "
+                                 "`%inspect model` or `%inspect trainer.model`.")
+            try:  # a property may run code: whatever it raises is the answer, not a traceback
+                value = getattr(value, attribute)
+            except AttributeError:
+                raise UsageError(f"%inspect: {name!r} has no attribute {attribute!r}.") from None
+            except Exception as e:
+                raise UsageError(f"%inspect: reading {name!r} raised {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+                                 ) from None
         if not isinstance(value, torch.nn.Module):
             raise UsageError(f"%inspect: {name!r} is a {type(value).__name__}, not a "
                              "torch.nn.Module.")
