@@ -10,7 +10,8 @@ import os
 
 
 def place() -> tuple[int, int]:
-    """(rank, world size) of this process; (0, 1) outside a job or with malformed variables."""
+    """(rank, world size) of this process; (0, 1) outside a job or with variables that are no
+    numbers."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -20,7 +21,7 @@ def place() -> tuple[int, int]:
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     except ValueError:
         return 0, 1
-    return (rank, world) if 0 <= rank < max(world, 1) else (0, 1)
+    return max(rank, 0), max(world, 1)
 
 
 def rank() -> int:

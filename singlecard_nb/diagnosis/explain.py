@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
+from ..dtypes import dtype_name
 from ..errors import NonFiniteError
 from ..job import place
 from . import hints
 from .calls import Call, chain_of, child_name, join, module_calls, module_label, user_line
 from .compiled import traced_calls, traced_stack, traced_user_line
-from .failure import Failure, counts, dtype_name, shape_text
+from .failure import Failure, counts, shape_text
 
 _MAX_INPUTS = 32  # a Hugging Face cache can hold hundreds of tensors: describe the first ones
 _MAX_DEPTH = 4

@@ -79,11 +79,6 @@ def ints(text: str) -> list[int]:
     return [int(s) for s in re.findall(r"-?\d+", text)]
 
 
-def dtype_name(dtype: Any) -> str:
-    """torch.float32 -> "float32"."""
-    return str(dtype).replace("torch.", "")
-
-
 def search(pattern: str, failure: Failure) -> re.Match | None:
     """`pattern` found in the failure's message."""
     return re.search(pattern, failure.message)

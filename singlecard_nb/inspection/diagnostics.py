@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import torch
+
+from ..notices import Notices
 
 _OWN_FILES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
 
@@ -27,24 +28,19 @@ class Diagnostics:
     def __init__(self) -> None:
         self.errors: list[str] = []  # failures inside the inspector, never raised to the user
         self.notes: list[str] = []  # what could not be recorded as asked, said once per kind
-        self._said: set[str] = set()
-        self._warned = False
+        self._notes = Notices()
+        self._failures = Notices(category=RuntimeWarning)
 
     def say(self, kind: str, message: str) -> None:
         """Tell the user once per kind what cannot be recorded as asked (also in insp.notes)."""
-        if kind in self._said:
-            return
-        self._said.add(kind)
-        self.notes.append(message)
-        warnings.warn(f"singlecard_nb: {message}", UserWarning, stacklevel=user_stacklevel())
+        if self._notes.say(kind, f"singlecard_nb: {message}", stacklevel=user_stacklevel()):
+            self.notes.append(message)
 
     def failed(self, error: Exception, path: str) -> None:
         """A recording step failed: listed in insp.errors, warned about the first time."""
         self.errors.append(f"{type(error).__name__} while inspecting {path!r}: {error}")
         del self.errors[:-100]
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"singlecard_nb: {type(error).__name__} while inspecting {path!r}: {error}. The "
-                "forward pass goes on unchanged; that tensor is not recorded. Further failures "
-                "are only listed in insp.errors.", RuntimeWarning, stacklevel=user_stacklevel())
+        self._failures.say("failed", lambda: (
+            f"singlecard_nb: {type(error).__name__} while inspecting {path!r}: {error}. The "
+            "forward pass goes on unchanged; that tensor is not recorded. Further failures "
+            "are only listed in insp.errors."), stacklevel=user_stacklevel())

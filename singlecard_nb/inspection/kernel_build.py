@@ -113,7 +113,7 @@ def key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
     return digest.hexdigest()[:24]
 
 
-def _runcompiler(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+def run_compiler(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run the compiler in a session of its own: on a time-out the whole group goes (cc's own
     children, cc1 and as, would otherwise keep running)."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -148,7 +148,7 @@ def compile_library(cc: str, source: Path, flags: Sequence[str], extra: list[str
                  [cc, "-shared", str(objects), library,
                   f"-Wl,-rpath,{os.path.dirname(library)}", "-o", str(output)]]
     for command in steps:
-        done = _runcompiler(command, COMPILE_TIMEOUT_S)
+        done = run_compiler(command, COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1:]
             return last[0] if last else f"exit status {done.returncode}"

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..dtypes import dtype_name
 from ..notices import Notices
 from . import kernel_build
 
@@ -100,7 +101,7 @@ def status() -> str:
     if not _ready.is_set():
         return "building the one-pass kernel (torch reductions until it is ready)"
     if _kernels:
-        return "one-pass kernel for " + ", ".join(sorted(str(d)[6:] for d in _kernels))
+        return "one-pass kernel for " + ", ".join(sorted(dtype_name(d) for d in _kernels))
     return _failure or f"one-pass kernel off ({ENV}=0): torch reductions"
 
 
@@ -219,8 +220,8 @@ def _load_module(path: Path) -> dict[torch.dtype, Kernel]:
         raise ImportError(f"cannot load {path.name} as a module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {dtype: getattr(module, str(dtype)[6:]) for dtype in _DTYPES
-            if hasattr(module, str(dtype)[6:])}
+    return {dtype: getattr(module, dtype_name(dtype)) for dtype in _DTYPES
+            if hasattr(module, dtype_name(dtype))}
 
 
 def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
@@ -233,7 +234,7 @@ def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
     for dtype in _DTYPES:
         if dtype is torch.float16 and not lib.onepass_has_float16():
             continue
-        name = f"onepass_{str(dtype)[6:]}"
+        name = f"onepass_{dtype_name(dtype)}"
         fns = (getattr(keeping_gil, name), getattr(lib, name))
         for fn in fns:
             fn.restype = None

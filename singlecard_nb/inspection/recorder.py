@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..dtypes import NAMES as _DTYPE_NAMES
+from ..dtypes import dtype_name
 from ..errors import NonFiniteError
 from .diagnostics import Diagnostics
 from .stats import VALUES, StepStats, reducible
@@ -30,9 +32,6 @@ from .targets import Target
 _SEEN_WINDOW = 64
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
-_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
 _DEVICE_NAMES: dict[torch.device, str] = {}
 
 
@@ -168,7 +167,7 @@ class Recorder:
                 shape = odd_shape(t)
             device = t.device
             pending.rows.append((self.step, target.path, target.type_name, call, io, index,
-                                 shape, _DTYPE_NAMES.get(dtype) or str(dtype)[6:],
+                                 shape, _DTYPE_NAMES.get(dtype) or dtype_name(dtype),
                                  _DEVICE_NAMES.get(device) or _device_name(device), training))
             pending.slots.append(slot)
             full = len(pending.rows) >= pending.max_rows

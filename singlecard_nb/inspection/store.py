@@ -4,7 +4,6 @@ histograms, the listeners told when a step arrives, and the DataFrame they make.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import warnings
 from collections import deque
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..job import rank
 from .diagnostics import Diagnostics
 from .stats import VALUES
 
@@ -50,13 +50,6 @@ class StepRecord:
                 if path not in first or call < earliest[path]:
                     first[path], earliest[path] = i, call
         return first
-
-
-def rank() -> int:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)
 
 
 class Store:

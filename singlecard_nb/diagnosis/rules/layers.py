@@ -11,7 +11,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from ..failure import Failure, dtype_name, ints, moved_dimension, search, shape_text
+from ...dtypes import dtype_name
+from ..failure import Failure, ints, moved_dimension, search, shape_text
 
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _CHANNELS_FIRST = {1: "x.transpose(1, 2)", 2: "x.permute(0, 3, 1, 2)", 3: "x.permute(0, 4, 1, 2, 3)"}

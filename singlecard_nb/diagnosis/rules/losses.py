@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..failure import Failure, dtype_name, ints, search, shape_text
+from ...dtypes import dtype_name
+from ..failure import Failure, ints, search, shape_text
 
 _CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 _BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)

@@ -10,7 +10,8 @@ import math
 import torch
 from torch import nn
 
-from ..failure import Failure, counts, dtype_name, search
+from ...dtypes import dtype_name
+from ..failure import Failure, counts, search
 
 
 def _finite_absmax(t: torch.Tensor) -> float:
