@@ -50,7 +50,6 @@ class Inspector:
     exact_std = Kept("_recorder")
     hist_bins = Kept("_recorder")
     max_rows = Kept("_store")
-    steps_recorded = Kept("_store")
     errors = Kept("_diagnostics")  # failures inside the inspector, never raised to the user
     notes = Kept("_diagnostics")  # what could not be recorded as asked, said once per kind
 
@@ -161,6 +160,15 @@ class Inspector:
         self._calls.settle(threading.get_ident())
 
     # --- results ----------------------------------------------------------------------------
+    @property
+    def steps_recorded(self) -> int:
+        """Recorded steps so far, the one whose rows are still on the device included (its
+        statistics reach the host with the next frame(), flush() or step)."""
+        with self._recorder.lock:
+            rows = self._recorder.pending.rows
+            waiting = bool(rows) and rows[0][0] != self._store.last_step
+            return self._store.steps_recorded + waiting
+
     def frame(self, ranks: str | None = None):
         """All recorded rows as a pandas DataFrame (columns: `COLUMNS`); safe to call from
         another thread while the model runs (a snapshot of the steps that reached the host).

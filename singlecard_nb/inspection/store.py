@@ -68,7 +68,7 @@ class Store:
         self._lock = lock
         self._diagnostics = diagnostics
         self._subject = subject  # what listeners are called with: the Inspector
-        self._last_step = -1
+        self.last_step = -1
 
     def receive(self, rows: list[tuple], values: np.ndarray,
                 hists: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -82,9 +82,9 @@ class Store:
                                              np.linspace(lo, hi, len(counts) + 1))
                 except Exception as e:
                     self._diagnostics.failed(e, path)
-            if record.meta[0][0] != self._last_step:  # a step can reach the host in parts
+            if record.meta[0][0] != self.last_step:  # a step can reach the host in parts
                 self.steps_recorded += 1
-            self._last_step = record.meta[-1][0]
+            self.last_step = record.meta[-1][0]
             self._keep(record)
 
     def tell_listeners(self) -> None:

@@ -28,10 +28,19 @@ def globs(patterns: str | Sequence[str] | None) -> list[str] | None:
     if patterns is None:
         return None
     if isinstance(patterns, str):
-        return [part.strip() for part in patterns.split(",") if part.strip()]
-    return [part.strip() for item in patterns
+        return [_unquoted(part) for part in patterns.split(",") if part.strip()]
+    return [_unquoted(part) for item in patterns
             for part in (item.split(",") if "," in item else [item])
             if part.strip() or "," not in item]
+
+
+def _unquoted(pattern: str) -> str:
+    """A pattern without the quotes a magic line keeps ('%inspect m --include "Linear"'):
+    no module path or class name is quoted."""
+    pattern = pattern.strip()
+    if len(pattern) >= 2 and pattern[0] == pattern[-1] and pattern[0] in "'\"":
+        return pattern[1:-1].strip()
+    return pattern
 
 
 def matches(path: str, type_name: str, patterns: list[str]) -> bool:
@@ -59,11 +68,30 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
             continue
         targets[id(module)] = Target(path, type_name,
                                      hist is not None and matches(path, type_name, hist))
+    for name, patterns in (("include", include), ("exclude", exclude)):
+        unmatched = [p for p in patterns or () if not any(
+            matches(path, type(m).__name__, [p]) for path, m in model.named_modules())]
+        if unmatched:
+            nothing_left = name == "include" and len(unmatched) == len(patterns)
+            say(f"unmatched:{name}", _unmatched_note(model, name, unmatched, nothing_left))
     for path in scripted:
         say(f"script:{path}", f"{path!r} is a TorchScript module (torch.jit.script or trace): "
             "its inputs and outputs are recorded, the modules inside it are not (TorchScript "
             "runs no Python hooks).")
     return targets
+
+
+def _unmatched_note(model: nn.Module, option: str, patterns: list[str],
+                    nothing_left: bool) -> str:
+    """What a glob that matches nothing could have matched: some paths and class names."""
+    paths = [repr(path) for path, _ in model.named_modules() if path][:6]
+    kinds = sorted({type(m).__name__ for m in model.modules()})[:8]
+    what = ", ".join(repr(p) for p in patterns)
+    effect = {"include": "so nothing is recorded" if nothing_left else "so it adds nothing",
+              "exclude": "so it leaves out nothing"}[option]
+    return (f"{option} {what} matches no module of {type(model).__name__}, {effect}. Globs are "
+            f"matched against module paths ({', '.join(paths) or 'the root only'}, ...) and "
+            f"class names ({', '.join(kinds)}); e.g. 'encoder.*' or 'Linear'.")
 
 
 def track_histograms(targets: dict[int, Target], patterns: list[str]) -> list[str]:
