@@ -147,3 +147,12 @@ def test_public_names_are_not_shadowed_by_subpackages():
         importlib.import_module(info.name)
     for name in singlecard_nb.__all__:
         assert not isinstance(getattr(singlecard_nb, name), types.ModuleType), name
+
+
+def test_every_module_is_in_the_architecture_page():
+    # docs/ARCHITECTURE.md is where a newcomer looks a module up: a new room must be on it
+    page = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [name for name in _graph() if name.count(".") >= 1
+               and name.rsplit(".", 1)[1] not in page and not name.endswith("__init__")
+               and name.rsplit(".", 1)[1] not in WINGS]
+    assert not missing, f"not on docs/ARCHITECTURE.md: {missing}"
