@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from ..borrow import Borrowed
 from .calls import CallTracker, StepMethod
@@ -30,6 +31,10 @@ STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 # torch's handle for register_module_forward_hook(..., with_kwargs=True) does not remove the
 # with_kwargs entry it made (torch <= 2.13): the engine removes it itself.
 _GLOBAL_WITH_KWARGS: dict = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
+_GLOBAL_HOOKS: dict | None = getattr(_module_globals, "_global_forward_hooks", None)
+_GLOBAL_ALWAYS_CALLED: dict = getattr(_module_globals, "_global_forward_hooks_always_called", {})
+if not hasattr(_module_globals, "_global_forward_hooks_with_kwargs"):
+    _GLOBAL_HOOKS = None
 _TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
@@ -116,15 +121,30 @@ class Attachment:
 
     # --- the global hook and the probe ------------------------------------------------------
     def install_hook(self) -> None:
-        if self._global_handle is None:
+        """The global forward hook (with_kwargs), entered into torch's tables in an order that
+        is safe at any instant: another thread running any module never finds the hook
+        without its with_kwargs flag (torch's own register sets the flag second, and such a
+        call would pass the hook the wrong arguments), and the handle is ours before the hook
+        is in a table, so a Ctrl-C in between leaves nothing that remove_hook cannot find."""
+        if self._global_handle is not None:
+            return
+        if _GLOBAL_HOOKS is None:  # a torch without these tables: its own register
             self._global_handle = register_module_forward_hook(self._forward_hook,
                                                                with_kwargs=True)
+            return
+        handle = RemovableHandle(_GLOBAL_HOOKS, extra_dict=_GLOBAL_ALWAYS_CALLED)
+        self._global_handle = handle
+        _GLOBAL_WITH_KWARGS[handle.id] = True
+        _GLOBAL_HOOKS[handle.id] = self._forward_hook
 
     def remove_hook(self) -> None:
-        handle, self._global_handle = self._global_handle, None
+        """The hook out of torch's tables, then its flag; forgotten only once both are gone
+        (an interrupted removal is finished by the next call)."""
+        handle = self._global_handle
         if handle is not None:
             handle.remove()
             _GLOBAL_WITH_KWARGS.pop(handle.id, None)
+            self._global_handle = None
 
     def end_probes(self) -> None:
         if self._probes:

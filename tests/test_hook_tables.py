@@ -1,0 +1,95 @@
+"""The global hook enters and leaves torch's tables safely at any instant: other threads never
+see it half-registered, and a Ctrl-C in the middle leaves nothing behind."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+import singlecard_nb as scn
+from singlecard_nb.inspection import attach
+
+
+class _Watching(OrderedDict):
+    """torch's table of global forward hooks, noting what a reader would see at each insert."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unflagged: list[int] = []
+
+    def __setitem__(self, key, value):
+        if key not in torch_module._global_forward_hooks_with_kwargs:
+            self.unflagged.append(key)  # a module call now would pass the wrong arguments
+        super().__setitem__(key, value)
+
+
+def test_the_hook_never_appears_without_its_with_kwargs_flag(monkeypatch):
+    watching = _Watching(torch_module._global_forward_hooks)
+    monkeypatch.setattr(torch_module, "_global_forward_hooks", watching)
+    monkeypatch.setattr(attach, "_GLOBAL_HOOKS", watching)
+    model = nn.Sequential(nn.Linear(2, 2))
+    with scn.inspect(model) as insp:
+        model(torch.ones(1, 2))
+    assert not watching.unflagged
+    assert len(insp.frame()) > 0
+
+
+def test_an_uninspected_model_in_another_thread_keeps_working():
+    inspected, other = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def train() -> None:
+        try:
+            while not stop.is_set():
+                with scn.inspect(inspected, steps="manual") as insp:  # the hook comes and goes
+                    inspected(torch.ones(1, 4))
+                    insp.step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        for _ in range(2000):
+            other(torch.ones(1, 4))
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+
+
+class _Interrupting(dict):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.armed = True
+
+    def __setitem__(self, key, value):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt  # Ctrl-C between the handle and the tables
+        super().__setitem__(key, value)
+
+
+def test_ctrl_c_while_the_hook_is_installed_leaves_no_hook(monkeypatch):
+    before = dict(torch_module._global_forward_hooks)
+    interrupting = _Interrupting(torch_module._global_forward_hooks_with_kwargs)
+    monkeypatch.setattr(torch_module, "_global_forward_hooks_with_kwargs", interrupting)
+    monkeypatch.setattr(attach, "_GLOBAL_WITH_KWARGS", interrupting)
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(KeyboardInterrupt):
+        scn.inspect(model, steps="manual")  # manual steps install the hook at start
+    assert dict(torch_module._global_forward_hooks) == before
+    insp = scn.inspect(model, steps="manual")
+    interrupting.armed = True
+    insp._attach.remove_hook()
+    with pytest.raises(KeyboardInterrupt):
+        insp._attach.install_hook()  # as the next step does
+    insp.stop()
+    assert dict(torch_module._global_forward_hooks) == before
+    model(torch.ones(1, 2))  # and torch calls modules as before
