@@ -93,3 +93,21 @@ def test_ctrl_c_while_the_hook_is_installed_leaves_no_hook(monkeypatch):
     insp.stop()
     assert dict(torch_module._global_forward_hooks) == before
     model(torch.ones(1, 2))  # and torch calls modules as before
+
+
+def test_a_module_made_later_with_a_freed_modules_id_is_not_recorded_as_it():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with scn.inspect(model) as insp:
+        old_id = id(model[0])
+        for _ in range(200):  # CPython hands a freed object's memory to the next of its size
+            model[0] = nn.Identity()  # the inspected Linear (then each Identity) is freed
+            newcomer = nn.Linear(3, 3)
+            if id(newcomer) == old_id:
+                break
+        else:
+            pytest.skip("the interpreter gave the freed id to no new module")
+        model[0] = newcomer
+        model(torch.ones(1, 3))
+    rows = insp.frame().query("io == 'output'")
+    assert "0" not in set(rows["module"])  # not recorded under the freed Linear's path
+    assert "1" in set(rows["module"])

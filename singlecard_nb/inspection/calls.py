@@ -231,7 +231,7 @@ class CallTracker:
         its own, which runs after them (see attach.py). One body for both: this runs once
         per module call, where each Python frame counts."""
         target = (self.targets if own_hooks else self.hooked).get(id(module))
-        if target is None or not self.recording or _is_compiling():
+        if target is None or not self.recording or _is_compiling() or target.ref() is not module:
             return
         if self.depth and self.thread == _get_ident():
             self._record_call(target, module, args, kwargs, output)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -18,6 +19,9 @@ class Target:
     path: str
     type_name: str
     hist: bool
+    # the module itself, weakly: a module made later can get a freed module's id()
+    ref: Callable[[], nn.Module | None] = dataclasses.field(default=lambda: None, repr=False,
+                                                          compare=False)
 
 
 def globs(patterns: str | Sequence[str] | None) -> list[str] | None:
@@ -67,7 +71,8 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
         if exclude is not None and matches(path, type_name, exclude):
             continue
         targets[id(module)] = Target(path, type_name,
-                                     hist is not None and matches(path, type_name, hist))
+                                     hist is not None and matches(path, type_name, hist),
+                                     weakref.ref(module))
     for name, patterns in (("include", include), ("exclude", exclude)):
         unmatched = [p for p in patterns or () if not any(
             matches(path, type(m).__name__, [p]) for path, m in model.named_modules())]
