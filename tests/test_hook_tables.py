@@ -111,3 +111,29 @@ def test_a_module_made_later_with_a_freed_modules_id_is_not_recorded_as_it():
     rows = insp.frame().query("io == 'output'")
     assert "0" not in set(rows["module"])  # not recorded under the freed Linear's path
     assert "1" in set(rows["module"])
+
+
+def test_starting_a_params_inspector_during_an_optimizer_step_breaks_no_step():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    other = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scn.inspect(other, params=True).stop()  # the process's optimiser hook is in place
+    started: list = []
+
+    def meanwhile(opt, args, kwargs):  # what another thread may do while torch loops its hooks
+        if started:
+            started[-1].stop()
+        started.append(scn.inspect(other, params=True))
+
+    handle = register_optimizer_step_post_hook(meanwhile)
+    try:
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()  # torch iterates its global hooks here
+    finally:
+        handle.remove()
+        for insp in started:
+            insp.stop()
+    assert len(started) == 3

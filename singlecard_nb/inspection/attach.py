@@ -11,6 +11,7 @@ eagerly while inspected (compiled code bypasses module hooks).
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -48,6 +49,44 @@ def _remove_filter(entry: tuple) -> None:
     if entry in warnings.filters:
         warnings.filters.remove(entry)
         getattr(warnings, "_filters_mutated", lambda: None)()  # what filterwarnings calls
+
+
+class _OptimizerListeners:
+    """One optimiser step hook for every params=True inspector of the process.
+
+    torch iterates its table of global optimiser hooks during `optimizer.step()`; a hook
+    registered or removed meanwhile from another thread raises "OrderedDict mutated during
+    iteration" in the training thread. So the table changes once (the first params=True
+    inspector registers this dispatcher, under an owner that `%unload_ext` restores), and
+    inspectors starting and stopping only replace this tuple of listeners, never mutate it.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: tuple[Callable, ...] = ()
+        self._owner: Borrowed | None = None
+        self._lock = threading.Lock()
+
+    def add(self, listener: Callable) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        with self._lock:
+            if self._owner is None or not self._owner.active:
+                owner = Borrowed("inspect: optimizer step hook")
+                owner.add_handle(register_optimizer_step_post_hook(eager(self._dispatch)),
+                                 "optimizer step hook (all params=True inspectors)")
+                self._owner = owner
+            self._listeners = (*self._listeners, listener)
+
+    def discard(self, listener: Callable) -> None:
+        with self._lock:
+            self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
+
+    def _dispatch(self, optimizer, args, kwargs) -> None:
+        for listener in self._listeners:  # a tuple: replaced, never changed, while we loop
+            listener(optimizer, args, kwargs)
+
+
+_optimizer_listeners = _OptimizerListeners()
 
 
 class Attachment:
@@ -228,8 +267,6 @@ class Attachment:
                                recorder: Recorder) -> None:
         """params=True: after each optimiser step, record the parameters it updated and the
         gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         param_targets: dict[int, tuple[Target, str, nn.Module]] = {}
         # Buffers (BatchNorm's running statistics...) with their modules: read after the first
         # optimiser step of each step, when this step's forward has updated them.
@@ -246,10 +283,10 @@ class Attachment:
             if self.active and calls.recording:
                 recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
 
-        handle = register_optimizer_step_post_hook(eager(on_optimizer_step))
+        _optimizer_listeners.add(on_optimizer_step)
 
         def remove() -> None:
-            handle.remove()
+            _optimizer_listeners.discard(on_optimizer_step)
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:
                 warnings.warn(
