@@ -119,3 +119,27 @@ def test_both_paths_meet_the_stated_precision(kernels, path):
         assert got["std"] == pytest.approx(std, rel=1e-4), name
         assert abs(got["mean"] - mean) <= 1e-5 * std, name
         assert (got["min"], got["max"]) == (exact.min().item(), exact.max().item()), name
+
+
+@pytest.mark.parametrize("path", ["torch", "kernel"])
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 1e300, 1e-300])
+@pytest.mark.parametrize("n", [100, 100_000])
+def test_float64_beyond_the_range_of_squares_has_its_true_std(kernels, path, scale, n):
+    # squares of 1e200 overflow float64 and those of 1e-200 vanish: std was NaN or 0
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, dtype=torch.float64, generator=g) * scale
+    got = _values(x, {} if path == "torch" else kernels)
+    scaled = x / scale  # exact: a power of ten is not, but the reference only needs 1e-12
+    assert got["std"] == pytest.approx((scaled.std() * scale).item(), rel=1e-9)
+    assert got["mean"] == pytest.approx((scaled.mean() * scale).item(), rel=1e-9, abs=scale * 1e-9)
+    assert (got["min"], got["max"]) == (x.min().item(), x.max().item())
+    assert got["zeros"] == 0.0 and got["nan"] == 0 and got["inf"] == 0
+
+
+def test_float64_beyond_the_range_of_squares_in_a_deferred_step(kernels):
+    # not read at once: the row is finished with the step, by table()
+    x = torch.randn(64, dtype=torch.float64) * 1e250
+    stats = StepStats(kernels=kernels)
+    slot = stats.add(x, tuple(x.shape))
+    got = dict(zip(("mean", "std"), stats.table([slot])[0][:2]))
+    assert got["std"] == pytest.approx(((x / 1e250).std() * 1e250).item(), rel=1e-9)

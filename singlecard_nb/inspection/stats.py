@@ -29,7 +29,8 @@ std never comes from a difference that cancels by more than CANCELLATION_LIMIT, 
 relative error below 1e-4 at worst, and mean an error below 1e-5 of the values' spread (a float32
 block sum of deviations: a mean near zero is not known to 1e-5 of itself), both typically 1e-7. A
 constant tensor gets std exactly 0 and its value as mean. `exact_std=True` always takes the
-second pass.
+second pass. float64 values beyond about 1e150 (or all below 1e-150), whose squares leave
+float64's range, get their mean and std taken exactly on the CPU, scaled by a power of two.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ class StepStats:
         # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
         # address a kernel writes to stays valid even while another thread adds a chunk
         self._chunks: list[tuple[np.ndarray, int]] = []
+        self._exact: dict[int, tuple] = {}  # slot -> VALUES of float64 beyond 1e+-150
 
     def add(self, t: torch.Tensor, shape: tuple, *, immediate: bool = False) -> int:
         """Take statistics of `t`; `immediate` forbids deferring (the NaN trap reads at once)."""
@@ -225,13 +227,16 @@ class StepStats:
                 try:  # a strided or negated view is copied first: still fewer reads than torch's
                     block = t if _one_block(t) else t.resolve_neg().contiguous()  # alive in the call
                     kernel(block.data_ptr(), n, self.exact_std, self._row_address(slot))
+                    if t.dtype is torch.float64:
+                        self._check_range(slot, block)
                     return slot
                 except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
                     pass
             if not self._kernels and self._build and not native.started():
                 native.start()  # in the background: this step and the next go on with torch
         x = t.detach()
-        if n <= SMALL_NUMEL and not immediate:
+        # float64 on the CPU is read at once: its range is checked (below) while it is here
+        if n <= SMALL_NUMEL and not immediate and not (on_cpu and x.dtype is torch.float64):
             self._stage(x, shape, slot)
             return slot
         real = _as_real(x)
@@ -242,6 +247,8 @@ class StepStats:
                 kernel(v.data_ptr(), n, self.exact_std, self._row_address(slot))
             else:
                 self._raw[slot] = self._reduce_cpu(v, n)
+            if v.dtype is torch.float64:
+                self._check_range(slot, v)
         elif immediate:  # the trap reads at once: this synchronises, as documented
             self._raw[slot] = tuple(self._reduce_on_device(v, n).tolist())
         else:
@@ -250,8 +257,27 @@ class StepStats:
             vectors.append(self._reduce_on_device(v, n))
         return slot
 
+    def _check_range(self, slot: int, v: torch.Tensor) -> None:
+        """float64 values beyond about 1e150 (or all below 1e-150) have squares that leave
+        float64's range, and a variance (1e400) that no RAW row can hold: their VALUES are
+        taken exactly here, scaled by a power of two, and stand in for the row's."""
+        raw = self._raw.get(slot)
+        if raw is None:
+            raw = self._chunks[slot >> _CHUNK_BITS][0][slot & _CHUNK_MASK]
+        lo, hi = float(raw[0]), float(raw[1])
+        largest = max(abs(lo), abs(hi))
+        if lo == hi or not math.isfinite(largest) or 1e-150 < largest < 1e150:
+            return
+        scale = 2.0 ** math.floor(math.log2(largest))  # exact: only the exponent changes
+        y = v.reshape(-1) / scale
+        mean, std = (y.mean() * scale).item(), (y.std() * scale).item()
+        zeros = 1.0 - float(raw[7]) / v.numel()
+        self._exact[slot] = (mean, std, lo, hi, largest, 0.0, 0.0, zeros)
+
     def value(self, slot: int) -> Sequence[float]:
         """The VALUES of one slot taken with `immediate=True` (or an empty tensor's NaNs)."""
+        if slot in self._exact:
+            return self._exact[slot]
         raw = self._raw.get(slot)
         if raw is None and slot >> _CHUNK_BITS < len(self._chunks):
             raw = self._chunks[slot >> _CHUNK_BITS][0][slot & _CHUNK_MASK]
@@ -275,7 +301,10 @@ class StepStats:
             numel[list(self._numel)] = list(self._numel.values())
         index = np.fromiter((self._count if s is None else s for s in row_slots), np.intp,
                             count=len(row_slots))
-        return finish(raw[index], numel[index])
+        values = finish(raw[index], numel[index])
+        for slot, exact in self._exact.items():  # the rare rows taken exactly (_check_range)
+            values[index == slot] = exact
+        return values
 
     def collect(self) -> None:
         """Reduce deferred tensors and move results to the host: one transfer per device."""
