@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import os
+import sys
 import threading
 import warnings
 from collections import namedtuple
@@ -472,6 +474,29 @@ def test_destroy_process_group_closes_the_gloo_listener_even_while_a_ddp_holds_t
         "module.weight", "module.bias"]
     dist.init_process_group("gloo", timeout=SHORT)  # a fresh one opens a fresh listener
     assert len(parallel.report()["listeners"]) == 1
+
+
+@needs_proc
+def test_ctrl_c_while_ddp_is_built_leaves_no_gloo_listener_after_off(monkeypatch):
+    session.pin("cpu")
+    try:
+        dist.init_process_group("gloo", timeout=SHORT)
+        (address,) = parallel.report()["listeners"]
+
+        def interrupted(self, *args, **kwargs):
+            raise KeyboardInterrupt  # Ctrl-C while DDP builds its reducer
+
+        monkeypatch.setattr(DDP, "_ddp_init_helper", interrupted)
+        try:
+            DDP(nn.Linear(3, 3))
+        except KeyboardInterrupt:
+            kept = sys.exc_info()[2]  # what IPython keeps as sys.last_traceback
+        monkeypatch.undo()
+    finally:
+        session.release()
+    gc.collect()
+    assert not listening(address) and refuses_connections(address)
+    del kept
 
 
 @needs_proc

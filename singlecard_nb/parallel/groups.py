@@ -124,6 +124,11 @@ class Groups:
         self.formed += 1
         self._group = weakref.ref(dist.group.WORLD)
 
+    def release(self, wrapper: nn.Module) -> None:
+        """A DDP whose construction failed: it lets go of its group at once."""
+        _release(wrapper)
+        self._wrappers.discard(wrapper)
+
     def track(self, wrapper: nn.Module) -> None:
         """A DDP built in single-card mode: released when its group is destroyed."""
         self._wrappers.add(wrapper)
@@ -185,13 +190,15 @@ class Groups:
 
 def _release(wrapper: nn.Module) -> None:
     """Drop a DDP's hold on its process group (so gloo's listener can close)."""
-    reducer = wrapper.__dict__.get("reducer")
+    state = wrapper.__dict__  # also a half-built one: only what is there
+    reducer = state.get("reducer")
     if reducer is not None:
         reducer._remove_autograd_hooks()  # the hooks on the module's parameters call it
     for name in ("reducer", "logger"):
-        wrapper.__dict__.pop(name, None)
-    wrapper.process_group = None
-    wrapper.forward = _released_forward
+        state.pop(name, None)
+    if "process_group" in state:
+        state["process_group"] = None
+    state["forward"] = _released_forward
 
 
 def _released_forward(*args: Any, **kwargs: Any) -> Any:

@@ -226,7 +226,13 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
                                      "init_process_group: single-card mode formed a world of one "
                                      "(rank 0) for it.")
             groups.form()
-        original(*call.args, **call.kwargs)
+        try:
+            original(*call.args, **call.kwargs)
+        except BaseException:
+            # Ctrl-C or an error half-way: the wrapper is never handed out, but a traceback
+            # keeps it, and with it the group and its gloo listener, alive. Let go of both now.
+            groups.release(self)
+            raise
         groups.track(self)
         _state.wrappers += 1
 
