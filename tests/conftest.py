@@ -29,6 +29,24 @@ def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
+# Tests that depend on how torch was built run three ways: the torch installed here, and stand-ins
+# for a torch built without and with CUDA. torch counts no GPUs, as on this GPU-less machine.
+torch_builds = pytest.mark.parametrize(
+    "cuda_built", [None, False, True], ids=["this-torch", "torch-without-cuda", "torch-with-cuda"])
+
+
+def as_torch_build(monkeypatch, cuda_built: bool | None) -> bool:
+    """Make torch answer as a build with (True) or without (False) CUDA, or as it is (None),
+    counting no GPUs, without starting CUDA; returns whether it is a CUDA build."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    if cuda_built is None:
+        return torch.backends.cuda.is_built()
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_built)
+    return cuda_built
+
+
 def magic_error(shell, line: str):
     """Run a cell in `shell`; return the UsageError it gave the user, or None. Anything else it
     raised (a traceback for the user) fails the test."""

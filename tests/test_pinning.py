@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import as_torch_build, torch_builds
 
 from singlecard_nb import borrow, session
 from singlecard_nb.parallel import single_card as parallel
@@ -254,19 +255,14 @@ def test_too_late_for_a_gpu_torch_cannot_see(env, torch_sees_four_gpus):
 
 
 @pytest.mark.torch_build
-@pytest.mark.parametrize("cuda_built", [None, False, True],
-                         ids=["this-torch", "torch-without-cuda", "torch-with-cuda"])
+@torch_builds
 def test_too_late_with_a_torch_without_cuda_fails_clearly(env, monkeypatch, cuda_built):
     # Depends on how torch was built. A CPU-only torch cannot have started the driver itself:
     # the pin refuses, saying the build lacks CUDA. A CUDA build that sees none of the described
     # GPUs (this GPU-less machine) refuses as "not visible". Neither crashes or claims a pin.
     # None checks the torch installed here; False/True stand in for the other build. No test
     # here asks torch to count real GPUs: that would start CUDA in the test process.
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    if cuda_built is None:
-        cuda_built = torch.backends.cuda.is_built()
-    else:
-        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_built)
+    cuda_built = as_torch_build(monkeypatch, cuda_built)
     before = dict(env)
     refusal = "not visible to torch in this process.*restart" if cuda_built else "built without CUDA"
     with pytest.raises(TargetError, match=refusal):

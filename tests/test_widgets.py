@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import as_torch_build, torch_builds
 from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
@@ -137,18 +138,13 @@ def test_without_an_allocation_nothing_is_marked(machine):
 
 
 @pytest.mark.torch_build
-@pytest.mark.parametrize("cuda_built", [None, False, True],
-                         ids=["this-torch", "torch-without-cuda", "torch-with-cuda"])
+@torch_builds
 def test_too_late_shows_the_whole_explanation(machine, monkeypatch, cuda_built):
     from singlecard_nb.pinning import driver
 
     # Depends on how torch was built (None: the torch installed here; False/True stand in for
     # the other build). torch counts no GPUs, as on this GPU-less machine, without starting CUDA.
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    if cuda_built is None:
-        cuda_built = torch.backends.cuda.is_built()
-    else:
-        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: cuda_built)
+    cuda_built = as_torch_build(monkeypatch, cuda_built)
     started = driver.DriverState(True, "cuDeviceGetCount succeeds: cuInit has already run")
     monkeypatch.setattr(driver, "driver_state", lambda: started)
     panel = picker.picker(machine)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import torch_side
 from .driver import DriverState
 from .model import GpuInfo, Machine, MigInfo
-from .state import PinState, env_values, environ_before, mode_of
+from .state import PinnedDevice, PinState, env_values, environ_before
 from .targets import TargetError, busy_text, normalise, resolve
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, eq=False)
-class PinPlan:
+class PinPlan(PinnedDevice):
     """What `apply` will do, decided: nothing in it has been done yet."""
 
     target: str  # the target as normalised
@@ -41,15 +41,6 @@ class PinPlan:
     driver: DriverState | None = None
     replaces: PinState | None = None  # the pin in force on `environ` when this was planned
 
-    @property
-    def mode(self) -> str:
-        return mode_of(self.gpu, self.hard)
-
-    @property
-    def uuid(self) -> str | None:
-        if self.mig is not None:
-            return self.mig.uuid
-        return None if self.gpu is None else self.gpu.uuid
 
 
 def plan_pin(

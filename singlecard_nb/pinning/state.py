@@ -24,18 +24,12 @@ def mode_of(gpu: GpuInfo | None, hard: bool) -> str:
     return "hard" if hard else "soft"
 
 
-@dataclass(frozen=True)
-class PinState:
-    target: str  # what the user asked for
+class PinnedDevice:
+    """What a pin and its plan both say of their device (they hold `gpu`, `mig` and `hard`)."""
+
     gpu: GpuInfo | None
     mig: MigInfo | None
-    torch_device: torch.device  # cuda:0 (hard), cuda:N (soft), cpu
-    reason: str  # human explanation (why auto chose it, why soft, ...)
-    hard: bool = False  # True only when the other GPUs really are hidden from this process
-    env_before: dict[str, str | None] = field(default_factory=dict)
-    env_after: dict[str, str | None] = field(default_factory=dict)
-    default_device: bool = False
-    driver: DriverState | None = None
+    hard: bool
 
     @property
     def mode(self) -> str:
@@ -48,6 +42,20 @@ class PinState:
         if self.mig is not None:
             return self.mig.uuid
         return None if self.gpu is None else self.gpu.uuid
+
+
+@dataclass(frozen=True)
+class PinState(PinnedDevice):
+    target: str  # what the user asked for
+    gpu: GpuInfo | None
+    mig: MigInfo | None
+    torch_device: torch.device  # cuda:0 (hard), cuda:N (soft), cpu
+    reason: str  # human explanation (why auto chose it, why soft, ...)
+    hard: bool = False  # True only when the other GPUs really are hidden from this process
+    env_before: dict[str, str | None] = field(default_factory=dict)
+    env_after: dict[str, str | None] = field(default_factory=dict)
+    default_device: bool = False
+    driver: DriverState | None = None
 
     def describe_device(self) -> str:
         if self.gpu is None:
