@@ -271,24 +271,17 @@ def main(argv: list[str] | None = None) -> int:
 
     check("inspection on the GPU: bench ratios and synchronisations per step", inspect_on_gpu)
 
-    def gpu_tests():
-        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p",
+    def pytest(marker: str, timeout: int):
+        """The tests selected by `marker`: (passed, pytest's closing line)."""
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", marker, "-q", "-p",
                                "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=timeout)
         last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
-        return done.returncode == 0 and " passed" in last, f"pytest -m gpu: {last}"
+        return done.returncode == 0 and " passed" in last, f"pytest -m {marker!r}: {last}"
 
-    check("pytest -m gpu", gpu_tests)
-
-    def the_whole_suite():
-        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-q", "-p",
-                               "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=3600)
-        last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
-        return done.returncode == 0 and " passed" in last, f"pytest -m 'not gpu': {last}"
-
+    check("pytest -m gpu", lambda: pytest("gpu", 300))
     if whole_suite:
-        check("the whole suite on this GPU machine", the_whole_suite)
+        check("the whole suite on this GPU machine", lambda: pytest("not gpu", 3600))
 
     failed = [name for name, ok, _ in results if not ok]
     print(f"\n{len(results) - len(failed)}/{len(results)} checks passed in "

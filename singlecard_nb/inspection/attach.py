@@ -32,10 +32,11 @@ STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 # torch's handle for register_module_forward_hook(..., with_kwargs=True) does not remove the
 # with_kwargs entry it made (torch <= 2.13): the engine removes it itself.
 _GLOBAL_WITH_KWARGS: dict = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
-_GLOBAL_HOOKS: dict | None = getattr(_module_globals, "_global_forward_hooks", None)
+# None on a torch without these tables: the hook is then registered through torch's function
+_GLOBAL_HOOKS: dict | None = (getattr(_module_globals, "_global_forward_hooks", None)
+                              if hasattr(_module_globals, "_global_forward_hooks_with_kwargs")
+                              else None)
 _GLOBAL_ALWAYS_CALLED: dict = getattr(_module_globals, "_global_forward_hooks_always_called", {})
-if not hasattr(_module_globals, "_global_forward_hooks_with_kwargs"):
-    _GLOBAL_HOOKS = None
 _TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
 
 

@@ -68,7 +68,7 @@ class Inspector:
         self.params = params
         # One lock around the pending step: the model may run in one thread (and its backward
         # in autograd's) while another reads frames. The parts share it.
-        lock = threading.RLock()
+        self._lock = lock = threading.RLock()
         self._diagnostics = Diagnostics()
         self._store = Store(lock, max_rows or DEFAULT_MAX_ROWS, self._diagnostics, self)
         self._attach = Attachment(f"inspect({self._model_name})", self._diagnostics)
@@ -164,7 +164,7 @@ class Inspector:
     def steps_recorded(self) -> int:
         """Recorded steps so far, the one whose rows are still on the device included (its
         statistics reach the host with the next frame(), flush() or step)."""
-        with self._recorder.lock:
+        with self._lock:
             rows = self._recorder.pending.rows
             waiting = bool(rows) and rows[0][0] != self._store.last_step
             return self._store.steps_recorded + waiting

@@ -243,7 +243,7 @@ def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
     return kernels
 
 
-_LOADERS = {"module.so": lambda path: _load_module(path), "ctypes.so": lambda path: _load_library(path)}
+_LOADERS = {"module.so": _load_module, "ctypes.so": _load_library}  # by kind of library
 
 GIL_RELEASE_NUMEL = 1 << 16  # from this size (~10 us of reading) other threads may run
 

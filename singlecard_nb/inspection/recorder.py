@@ -77,7 +77,7 @@ class Recorder:
         self._store = store
         self._diagnostics = diagnostics
         self._failed = diagnostics.failed
-        self.lock = self._lock = lock  # the inspector's one lock (also read by the facade)
+        self._lock = lock
         self._active = active
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, _version, slot): dedupe
         self._tensor_hooks: list = []  # gradient hooks put on this step's tensors

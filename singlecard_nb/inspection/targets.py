@@ -60,10 +60,12 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
     """
     targets = {}
     scripted: list[str] = []
+    names: list[tuple[str, str]] = []  # (path, class) of every module, for unmatched globs
     for path, module in model.named_modules(remove_duplicate=True):
+        type_name = type(module).__name__
+        names.append((path, type_name))
         if any(path.startswith(f"{outer}.") for outer in scripted):
             continue
-        type_name = type(module).__name__
         if isinstance(module, torch.jit.ScriptModule):
             scripted.append(path)
         if include is not None and not matches(path, type_name, include):
@@ -74,11 +76,11 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
                                      hist is not None and matches(path, type_name, hist),
                                      weakref.ref(module))
     for name, patterns in (("include", include), ("exclude", exclude)):
-        unmatched = [p for p in patterns or () if not any(
-            matches(path, type(m).__name__, [p]) for path, m in model.named_modules())]
+        unmatched = [p for p in patterns or ()
+                     if not any(matches(path, type_name, [p]) for path, type_name in names)]
         if unmatched:
             nothing_left = name == "include" and len(unmatched) == len(patterns)
-            say(f"unmatched:{name}", _unmatched_note(model, name, unmatched, nothing_left))
+            say(f"unmatched:{name}", _unmatched_note(model, names, name, unmatched, nothing_left))
     for path in scripted:
         say(f"script:{path}", f"{path!r} is a TorchScript module (torch.jit.script or trace): "
             "its inputs and outputs are recorded, the modules inside it are not (TorchScript "
@@ -86,11 +88,11 @@ def select_targets(model: nn.Module, include: list[str] | None, exclude: list[st
     return targets
 
 
-def _unmatched_note(model: nn.Module, option: str, patterns: list[str],
-                    nothing_left: bool) -> str:
+def _unmatched_note(model: nn.Module, names: list[tuple[str, str]], option: str,
+                    patterns: list[str], nothing_left: bool) -> str:
     """What a glob that matches nothing could have matched: some paths and class names."""
-    paths = [repr(path) for path, _ in model.named_modules() if path][:6]
-    kinds = sorted({type(m).__name__ for m in model.modules()})[:8]
+    paths = [repr(path) for path, _ in names if path][:6]
+    kinds = sorted({type_name for _, type_name in names})[:8]
     what = ", ".join(repr(p) for p in patterns)
     effect = {"include": "so nothing is recorded" if nothing_left else "so it adds nothing",
               "exclude": "so it leaves out nothing"}[option]

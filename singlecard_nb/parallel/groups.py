@@ -125,7 +125,8 @@ class Groups:
         self._group = weakref.ref(dist.group.WORLD)
 
     def release(self, wrapper: nn.Module) -> None:
-        """A DDP whose construction failed: it lets go of its group at once."""
+        """Let `wrapper` (a DDP) go of its group: when the group is destroyed, or at once when
+        the wrapper's construction failed."""
         _release(wrapper)
         self._wrappers.discard(wrapper)
 
@@ -149,8 +150,7 @@ class Groups:
     def _release_wrappers_of(self, group: Any) -> None:
         for wrapper in list(self._wrappers):
             if getattr(wrapper, "process_group", None) is group:
-                _release(wrapper)
-                self._wrappers.discard(wrapper)
+                self.release(wrapper)
 
     # --- for status ---------------------------------------------------------------------------
     def open_listeners(self) -> list[str]:
