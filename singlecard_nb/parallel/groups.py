@@ -34,6 +34,7 @@ from torch import nn
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from . import world_size as world_size_notice
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
 _CAPTURE_WORLD_AT_IMPORT = (
@@ -179,13 +180,12 @@ class Groups:
         return requested
 
     def _say_if_world_ignored(self, world_size: Any) -> None:
-        launcher = os.environ.get("WORLD_SIZE", "1")
-        if world_size not in (-1, 1, None) or launcher != "1":
-            asked = world_size if world_size not in (-1, None) else launcher
-            self.notices.say("world", lambda: (
-                f"singlecard_nb: world size {asked} requested; single-card mode runs this "
-                "process as a world of one (rank 0). `%singlecard off` to run real "
-                "multi-process code."), stacklevel=3)
+        if world_size not in (-1, 1, None):
+            world_size_notice.say(self.notices, world_size,
+                                  f"init_process_group(world_size={world_size})", stacklevel=4)
+        elif (size := world_size_notice.from_environ(os.environ)) is not None:
+            world_size_notice.say(self.notices, size, f"WORLD_SIZE={size} (the environment)",
+                                  stacklevel=4)
 
 
 def _release(wrapper: nn.Module) -> None:

@@ -121,6 +121,8 @@ def _parallel_rows(p: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("single-card mode",
              f"on {p.get('device')} ({p.get('wrappers', 0)} wrapper(s), {p.get('groups', 0)} "
              "process group(s) formed)")]
+    for i, line in enumerate(p.get("converted", [])):
+        rows.append(("single-card made" if i == 0 else "", line))
     for i, line in enumerate(p.get("notices", [])):
         rows.append(("single-card said" if i == 0 else "", line))
     listeners = p.get("listeners", [])
