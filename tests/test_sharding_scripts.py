@@ -19,17 +19,16 @@ from singlecard_nb.parallel import single_card as parallel
 
 SCRIPTS = Path(__file__).with_name("scripts")
 FORMS = ("local_rank", "current_device", "device", "none")
+OPTIONS = "mixed,offload,sync,orig"  # mixed precision, CPU offload, sync_module_states, orig params
 pytestmark = pytest.mark.usefixtures("clean_state")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Each script run twice with %run in one shell pinned to the CPU, its output and notices
-    kept; then the status text, and whether releasing gave torch back."""
+def run_scripts(target: str, folder: Path) -> tuple[dict, str, list[str]]:
+    """Each script run twice with %run in one shell pinned to `target`, its output and notices
+    kept; then the status text, and what releasing did not give back."""
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    folder = tmp_path_factory.mktemp("sharding")
     ip = InteractiveShell.instance()
     before = patched_objects()
     out: dict[str, list[tuple[str, list[str], object]]] = {}
@@ -42,11 +41,12 @@ def runs(tmp_path_factory):
         shown = re.sub(r"\x1b\[[0-9;]*m", "", captured.stdout)  # the traceback's colours
         out.setdefault(key, []).append((shown, notices, result.error_in_exec))
 
-    session.pin("cpu")
+    session.pin(target)
     try:
         for _ in range(2):
             for form in FORMS:
                 run(form, f"{SCRIPTS / 'fsdp1_tutorial.py'} {form} {folder / form}.pt")
+            run("options", f"{SCRIPTS / 'fsdp1_tutorial.py'} device {folder / 'o.pt'} {OPTIONS}")
             run("mesh", f"{SCRIPTS / 'mesh_tp_fsdp2.py'} 1 {folder / 'dcp'}")
             run("mesh tp=2", f"{SCRIPTS / 'mesh_tp_fsdp2.py'} 2 {folder / 'dcp2'}")
             run("guard", str(SCRIPTS / "gpu_guard.py"))
@@ -63,6 +63,11 @@ def runs(tmp_path_factory):
     return out, status, changed
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return run_scripts("cpu", tmp_path_factory.mktemp("sharding"))
+
+
 def test_fsdp1_trains_saves_full_state_and_reloads_in_every_device_id_form(runs):
     out, _, _ = runs
     lines = [stdout for form in FORMS for stdout, _, error in out[form] if error is None]
@@ -74,6 +79,14 @@ def test_fsdp1_trains_saves_full_state_and_reloads_in_every_device_id_form(runs)
            "reloaded equal True weight (64, 8)" in lines[0]
     losses = [float(v) for v in re.findall(r"[\d.]+", lines[0].split("losses ")[1].split("]")[0])]
     assert losses == sorted(losses, reverse=True)  # it learns
+
+
+def test_fsdp1_with_mixed_precision_offload_sync_and_orig_params_trains_under_cpu(runs):
+    out, _, _ = runs
+    (first, said, error), (second, _, _) = out["options"]
+    assert error is None and first == second and "reloaded equal True" in first, first
+    assert any("sync_module_states=True) under `%singlecard cpu`" in s for s in said)
+    assert any("offload_params=True)) under `%singlecard cpu`" in s for s in said)
 
 
 def test_an_fsdp2_tp_mesh_of_one_trains_and_checkpoints_and_a_bigger_one_says_what_to_change(runs):
@@ -159,3 +172,16 @@ def test_on_a_described_gpu_pin_a_mesh_too_large_is_refused_before_cuda_starts(m
         init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
     assert "(1, 1), mesh_dim_names=('dp', 'tp')" in str(caught.value)
     assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_pin_the_scripts_run_with_the_real_fsdp_and_a_cuda_mesh(tmp_path):
+    out, status, changed = run_scripts("0", tmp_path)
+    for form in (*FORMS, "options"):
+        for stdout, _, error in out[form]:
+            assert error is None and "reloaded equal True" in stdout, (form, stdout)
+    assert all(stdout.startswith("mesh (1, 1) cuda") for stdout, _, _ in out["mesh"])
+    assert "the real FSDP1 on cuda:0, a world of one" in status
+    guard, _, _ = out["guard"][0]
+    assert "Unable to locate sufficient 2 gpus" in guard  # one card counted as one
+    assert changed == []

@@ -9,8 +9,9 @@ still torch's FSDP1: nested wrapping by `auto_wrap_policy`, `FSDP.state_dict_typ
 `summon_full_params`, `clip_grad_norm_`, `no_sync`, `optim_state_dict` and the checkpoints they
 write are torch's own (keys without `_fsdp_wrapped_module.`, as a multi-GPU FSDP1 run writes
 them). What differs under `cpu`: `sync_module_states=True` is dropped (a broadcast from rank 0
-has no one to reach in a world of one, and FSDP1 demands GPU tensors for it); CPU offload's
-pinned buffers are ordinary memory (pinned_memory.py). In a world of one, FSDP1 itself shards
+has no one to reach in a world of one, and FSDP1 demands GPU tensors for it);
+`CPUOffload(offload_params=True)` is dropped (the parameters are on the CPU already, and
+torch's offload path waits on a CPU stream, which has no `synchronize`). In a world of one, FSDP1 itself shards
 nothing (torch switches FULL_SHARD to NO_SHARD and says so); a SHARDED_STATE_DICT then holds
 whole tensors.
 Without a process group, the wrapper forms the world of one, as DDP does.
@@ -53,6 +54,14 @@ def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Noti
                         "sync_module_states=True) under `%singlecard cpu`: a world of one has no "
                         "other rank to broadcast to, so there is nothing to sync (FSDP1 would "
                         "refuse CPU tensors for it).", stacklevel=3)
+        offload = arguments.get("cpu_offload")
+        if device.type != "cuda" and getattr(offload, "offload_params", False):
+            arguments["cpu_offload"] = None
+            notices.say("fsdp-offload", "singlecard_nb: FullyShardedDataParallel(cpu_offload="
+                        "CPUOffload(offload_params=True)) under `%singlecard cpu`: the device is "
+                        "the CPU, where the parameters already are, so there is nothing to "
+                        "offload (torch's offload path would wait on a CPU stream that cannot).",
+                        stacklevel=3)
         if outer and arguments.get("process_group") is None \
                 and arguments.get("device_mesh") is None and not dist.is_initialized():
             notices.say("fsdp-group", "singlecard_nb: FullyShardedDataParallel built without "
