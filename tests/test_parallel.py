@@ -546,6 +546,8 @@ def test_spawn_runs_rank_0_in_this_process_and_says_so_once():
     assert calls == [(0, 4, threading.get_ident(), os.getpid())]
     notices = parallel.report()["notices"]
     assert any("asked for 4 processes; single-card mode runs rank 0 only" in n for n in notices)
+    assert any("torch.multiprocessing.spawn(nprocs=4) is a job of 4 ranks" in n
+               and "1/4 of the job's work per step" in n for n in notices)  # the batch it implies
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mp.spawn(_worker, args=(calls, 4), nprocs=4)  # said once

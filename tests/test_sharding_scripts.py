@@ -108,9 +108,10 @@ def test_a_gpu_count_guard_stops_with_a_notice_naming_its_lines_once(runs):
     (first, said, _), (second, said_again, _) = out["guard"]
     assert "Unable to locate sufficient 2 gpus" in first and "Unable" in second
     guard = [s for s in said if "sys.exit()" in s]
-    assert len(guard) == 1 and "gpu_guard.py:16" in guard[0]
-    assert "torch.accelerator.device_count() = 0 at gpu_guard.py:10" in guard[0]
-    assert "skip the check" in guard[0]
+    assert len(guard) == 1 and "sys.exit() at gpu_guard.py:16" in guard[0]
+    assert "torch.accelerator.device_count() answered 0 at gpu_guard.py:10" in guard[0]
+    assert "the check at gpu_guard.py:14 (`if not verify_min_gpu_count(min_gpus=2):`)" in guard[0]
+    assert "skip that check" in guard[0]
     assert not [s for s in said_again if "sys.exit()" in s]  # said once
 
 

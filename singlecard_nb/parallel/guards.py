@@ -7,7 +7,9 @@ Single-card mode answers such questions truthfully (the one pinned card; under `
 and every world size taken from it to cards that do not exist. So a guard asking for more
 stops the script: the script's own choice. What single-card mode adds is the reason: when
 user code calls `sys.exit()` after it asked how many devices there are (and heard fewer than
-two), a notice names the line that asked, the line that exits, and what to change.
+two), inside an `if` that reads the answer (the asking function's name, or a device word), a
+notice names the line that asked, the guard's line, the exit's, and what to change. Any other
+exit is left alone.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class _Asked:
     answer: Any
     where: str  # "file:line"
     line: str  # the source line
+    function: str  # the function that asked (a guard calls it: `if not verify_min_gpu_count():`)
 
 
 class Guards:
@@ -57,7 +60,8 @@ class Guards:
             answer = original(*args, **kwargs)
             frame = sys._getframe(1)
             if not _from_torch(frame) and _too_few(answer):
-                self.asked = _Asked(call, answer, _where(frame), _line(frame))
+                self.asked = _Asked(call, answer, _where(frame), _line(frame),
+                                    frame.f_code.co_name)
             return answer
 
         return wrap_like(original, question)
@@ -66,19 +70,45 @@ class Guards:
         def exit(status: Any = None) -> None:
             frame = sys._getframe(1)
             asked = self.asked
+            guard = None
             if asked is not None and not _from_torch(frame):
                 self.asked = None
+                guard = _guard(frame, asked)
+            if asked is not None and guard is not None:
                 self.notices.say("guard", lambda: (
-                    f"singlecard_nb: sys.exit() at {_where(frame)} (`{_line(frame)}`) follows "
-                    f"{asked.call}() = {asked.answer!r} at {asked.where} (`{asked.line}`): if "
-                    "that is the script's check for more GPUs, single-card mode runs every job "
-                    f"as a world of one on {self.device} and counts that one device truthfully. "
-                    "To run the script here, skip the check (that `if` only), and size the job "
-                    "from WORLD_SIZE (1 here); `%singlecard off` on a machine with the GPUs runs "
-                    "it as written."))
+                    f"singlecard_nb: sys.exit() at {_where(frame)} stops the script after "
+                    f"{asked.call}() answered {asked.answer!r} at {asked.where} "
+                    f"(`{asked.line}`). Single-card mode runs every job as a world of one on "
+                    f"{self.device} and counts that one device truthfully, so the check at "
+                    f"{guard[0]} (`{guard[1]}`) asks for more devices than there are. To run "
+                    "the script here as a world of one, skip that check (only it) and size the "
+                    "job from WORLD_SIZE (1 here); `%singlecard off` on a machine with the GPUs "
+                    "runs it as written."))
             original(status)
 
         return wrap_like(original, exit)
+
+
+def _guard(frame: Any, asked: _Asked) -> tuple[str, str] | None:
+    """("file:line", source) of the `if` around the exit when it reads the device question (by
+    the asking function's name, or a device call of its own); None when there is none."""
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    exit_line = linecache.getline(filename, lineno)
+    indent = len(exit_line) - len(exit_line.lstrip())
+    for number in range(lineno - 1, max(lineno - 20, 0), -1):
+        text = linecache.getline(filename, number)
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(text) - len(text.lstrip()) < indent:
+            if stripped.startswith(("if ", "elif ")) and (
+                    asked.function in stripped or any(w in stripped for w in _DEVICE_WORDS)):
+                return f"{filename.rsplit('/', 1)[-1]}:{number}", stripped
+            return None
+    return None
+
+
+_DEVICE_WORDS = ("device_count", "is_available", "gpu", "GPU")
 
 
 def _too_few(answer: Any) -> bool:

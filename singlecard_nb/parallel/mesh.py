@@ -84,7 +84,8 @@ def _too_large(asked: str, shape: tuple, ranks: int, world: int, device: torch.d
             "mode provides 1) or set it to 1." if env not in (None, "1") else "")
     dims = f", mesh_dim_names={tuple(names)!r}" if names else ""
     job = (f" `%singlecard off` runs the {ranks}-rank job with torchrun on {ranks} GPUs."
-           if ranks > 1 else " (A dimension of 0 is a world size divided by more than it is.)")
+           if ranks > 1 else " A dimension of 0 comes from a world size divided by more than it "
+           "is, or from device_count(), which is 0 under `%singlecard cpu` (torch.cuda's answer).")
     return (f"singlecard_nb: {asked} asks for {ranks} ranks, and single-card mode runs a world "
             f"of {world} on {device}. Size the mesh from the world: "
             f"init_device_mesh(..., {ones}{dims}) here, e.g. (WORLD_SIZE // tp, tp) with tp=1."
