@@ -14,7 +14,7 @@ import torch.distributed as dist
 from parallel_support import clean_state, patched_objects  # noqa: F401 - clean_state: pytestmark
 
 from singlecard_nb import session
-from singlecard_nb.parallel import fsdp, mesh
+from singlecard_nb.parallel import fsdp, groups, mesh
 from singlecard_nb.parallel import single_card as parallel
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -172,6 +172,9 @@ def test_on_a_described_gpu_pin_a_mesh_too_large_is_refused_before_cuda_starts(m
                                                      r".*torchrun on 8 GPUs") as caught:
         init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
     assert "(1, 1), mesh_dim_names=('dp', 'tp')" in str(caught.value)
+    with pytest.warns(UserWarning, match=r"device_index\(3\) selects cuda:1"):
+        selection = torch.accelerator.device_index(3)  # entering it would start CUDA
+    assert selection.idx == 1  # the rank's card is the pinned card
     assert not torch.cuda.is_initialized()
 
 
@@ -186,3 +189,25 @@ def test_on_a_gpu_pin_the_scripts_run_with_the_real_fsdp_and_a_cuda_mesh(tmp_pat
     guard, _, _ = out["guard"][0]
     assert "Unable to locate sufficient 2 gpus" in guard  # one card counted as one
     assert changed == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads the process's sockets")
+def test_an_fsdp1_tree_lets_go_of_its_group_when_the_group_is_destroyed():
+    import gc
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    parallel.enable(torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)),
+                     auto_wrap_policy=lambda module, recurse, **_: recurse or isinstance(
+                         module, torch.nn.Linear))  # no group yet: FSDP forms the world of one
+    model(torch.randn(2, 4)).sum().backward()
+    [listener] = parallel.report()["listeners"]
+    dist.destroy_process_group()
+    gc.collect()
+    assert listener not in groups.listening_sockets().values()  # gloo's socket closed
+    with pytest.raises(RuntimeError, match="Build the wrapper again"):
+        model(torch.randn(2, 4))
+    assert model.module[0].weight.shape == (4, 4)  # the module is intact

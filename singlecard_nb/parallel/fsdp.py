@@ -14,7 +14,9 @@ has no one to reach in a world of one, and FSDP1 demands GPU tensors for it);
 torch's offload path waits on a CPU stream, which has no `synchronize`). In a world of one, FSDP1 itself shards
 nothing (torch switches FULL_SHARD to NO_SHARD and says so); a SHARDED_STATE_DICT then holds
 whole tensors.
-Without a process group, the wrapper forms the world of one, as DDP does.
+Without a process group, the wrapper forms the world of one, as DDP does; when that group is
+destroyed (`destroy_process_group`, `%singlecard off`) the wrapper tree lets go of it, so
+gloo's listener closes (groups.py), and calling it says to rebuild it.
 """
 
 from __future__ import annotations
@@ -71,9 +73,14 @@ def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Noti
         depth[0] += 1
         try:
             original(*call.args, **call.kwargs)
+        except BaseException:
+            if outer:  # as for DDP: a traceback keeps the half-built tree, not our group
+                groups.release(self)
+            raise
         finally:
             depth[0] -= 1
         if outer:
+            groups.track(self)  # released (its group let go of) when the group is destroyed
             conversions.record(f"FullyShardedDataParallel(device_id={requested!r})",
                                f"the real FSDP1 on {device}, a world of one")
 
