@@ -33,9 +33,17 @@ _QUESTIONS = (("cuda", "device_count"), ("cuda", "is_available"),
 class _Asked:
     call: str
     answer: Any
-    where: str  # "file:line"
-    line: str  # the source line
+    filename: str
+    lineno: int
     function: str  # the function that asked (a guard calls it: `if not verify_min_gpu_count():`)
+
+    @property
+    def where(self) -> str:  # read only for the notice: asking stays cheap
+        return f"{self.filename.rsplit('/', 1)[-1]}:{self.lineno}"
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
 
 
 class Guards:
@@ -58,10 +66,9 @@ class Guards:
     def _asking(self, original: Any, call: str) -> Any:
         def question(*args: Any, **kwargs: Any) -> Any:
             answer = original(*args, **kwargs)
-            frame = sys._getframe(1)
-            if not _from_torch(frame) and _too_few(answer):
-                self.asked = _Asked(call, answer, _where(frame), _line(frame),
-                                    frame.f_code.co_name)
+            if _too_few(answer) and not _from_torch(frame := sys._getframe(1)):
+                code = frame.f_code
+                self.asked = _Asked(call, answer, code.co_filename, frame.f_lineno, code.co_name)
             return answer
 
         return wrap_like(original, question)
