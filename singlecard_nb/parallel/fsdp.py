@@ -11,9 +11,9 @@ write are torch's own (keys without `_fsdp_wrapped_module.`, as a multi-GPU FSDP
 them). What differs under `cpu`: `sync_module_states=True` is dropped (a broadcast from rank 0
 has no one to reach in a world of one, and FSDP1 demands GPU tensors for it);
 `CPUOffload(offload_params=True)` is dropped (the parameters are on the CPU already, and
-torch's offload path waits on a CPU stream, which has no `synchronize`). In a world of one, FSDP1 itself shards
-nothing (torch switches FULL_SHARD to NO_SHARD and says so); a SHARDED_STATE_DICT then holds
-whole tensors.
+torch's offload path waits on a CPU stream, which has no `synchronize`). In a world of one,
+FSDP1 itself shards nothing (torch switches FULL_SHARD to NO_SHARD and says so); a
+SHARDED_STATE_DICT then holds whole tensors.
 Without a process group, the wrapper forms the world of one, as DDP does; when that group is
 destroyed (`destroy_process_group`, `%singlecard off`) the wrapper tree lets go of it, so
 gloo's listener closes (groups.py), and calling it says to rebuild it.

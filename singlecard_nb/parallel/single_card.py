@@ -109,7 +109,8 @@ def enable(device: torch.device | str) -> None:
         mesh.install(owner, device, notices, conversions)
         spawn.install(owner, notices)
         if (size := world_size.from_environ(os.environ)) is not None:
-            world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)")
+            world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",
+                           stacklevel=world_size.outside_this_package())
         _provide_torchrun_env(owner)
         done = True
     finally:

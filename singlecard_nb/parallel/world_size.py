@@ -10,6 +10,7 @@ mode sees the N: `WORLD_SIZE` in the environment, `init_process_group(world_size
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 from ..notices import Notices
@@ -35,3 +36,13 @@ def say(notices: Notices, size: int, source: str, stacklevel: int = 3) -> None:
         f"job's, not this process's. For the job's batch, multiply the per-rank batch or "
         f"accumulation by {size}; for a one-card job, leave WORLD_SIZE unset (single-card mode "
         f"provides 1). `%singlecard off` runs real multi-process code."), stacklevel=stacklevel)
+
+
+def outside_this_package() -> int:
+    """The stacklevel, for `say` called by the caller of this, of the first frame outside
+    singlecard_nb (the user's line, or the shell's when a magic turned single-card mode on)."""
+    frame, level = sys._getframe(1), 2  # level 2 of `say`: the function that called this
+    ours = __package__.split(".")[0]
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
