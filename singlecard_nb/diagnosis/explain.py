@@ -27,7 +27,16 @@ from ..dtypes import dtype_name
 from ..errors import NonFiniteError
 from ..job import place
 from . import hints
-from .calls import Call, chain_of, child_name, join, module_calls, module_label, user_line
+from .calls import (
+    Call,
+    chain_of,
+    child_name,
+    join,
+    module_calls,
+    module_label,
+    user_line,
+    user_modules,
+)
 from .compiled import traced_calls, traced_stack, traced_user_line
 from .failure import Failure, counts, shape_text
 
@@ -60,6 +69,8 @@ class Explanation:
     aliases: list[str] = dataclasses.field(default_factory=list)  # other paths of a shared module
     rank: int | None = None  # under torchrun (WORLD_SIZE > 1): the process's rank
     traced: bool = False  # found by torch.compile's tracing: no call ran, no inputs are known
+    # index -> "x∈[-2.1, 3.4] nan!×3" of the inputs small enough to read at once
+    values: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -76,7 +87,8 @@ class Explanation:
         if self.where:
             rows.append(("where", self.where))
         none = "not known: torch.compile was tracing, no call ran" if self.traced else "no tensors"
-        rows.append(("inputs", "; ".join(_describe_row(d) for d in self.inputs) or none))
+        rows.append(("inputs", "; ".join(_describe_row(d, self.values.get(d[0]))
+                                         for d in self.inputs) or none))
         rows.append(("params", "; ".join(_describe_row(d) for d in self.params) or "none of its own"))
         if self.hint:
             rows.append(("hint", self.hint))
@@ -179,9 +191,40 @@ def describe(name: str, value: Any) -> Described:
     return name, tuple(value.shape), f"numpy {value.dtype}", "numpy"
 
 
-def _describe_row(described: Described) -> str:
+def _describe_row(described: Described, values: str | None = None) -> str:
     name, shape, dtype, device = described
-    return f"{name} {shape_text(shape)} {dtype} {device}"
+    text = f"{name} {shape_text(shape)} {dtype} {device}"
+    return f"{text} {values}" if values else text
+
+
+_MAX_SUMMARISED = 1 << 22  # elements: reading min/max of more would cost more than the failure
+
+
+def values_text(value: Any) -> str | None:
+    """"x∈[-2.1, 3.4]", "x∈[0, 99]", "x∈[-1, 2] nan!×3 inf!", "nan!×8" (lovely-tensors
+    style) for a tensor small enough to read at once; None for others (meta, fake, complex,
+    empty, huge) or when reading fails."""
+    if (type(value) is not torch.Tensor or value.numel() == 0 or value.numel() > _MAX_SUMMARISED
+            or value.device.type == "meta" or value.is_complex()):
+        return None
+    try:
+        t = value.detach()
+        if t.dtype == torch.bool:
+            return f"{int(t.sum())} True"
+        if not t.is_floating_point():
+            low, high = torch.aminmax(t.reshape(-1))
+            return f"x∈[{int(low)}, {int(high)}]"
+        t = t.float()
+        finite = torch.isfinite(t)
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        flags = "".join(f" {word}!" + (f"×{n}" if n > 1 else "")
+                        for word, n in (("nan", nan), ("inf", inf)) if n)
+        if nan + inf == t.numel():
+            return flags.strip()
+        low, high = torch.aminmax(t[finite])
+        return f"x∈[{float(low):.3g}, {float(high):.3g}]{flags}"
+    except Exception:  # an exotic tensor (a subclass, a broken device): the shape is enough
+        return None
 
 
 # --- putting it together -------------------------------------------------------------------
@@ -215,11 +258,17 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         exception=raised, module=innermost.module, path=path, label=module_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
-        traced=bool(stack)))
+        traced=bool(stack),
+        callers=[(p, c.module, c.args, c.kwargs) for p, c in zip(paths, calls)],
+        neighbours=user_modules(raised)))
+    cuda_broken = bool(re.search(r"CUDA error|device-side assert|CUBLAS_STATUS|cuDNN error",
+                                 str(raised)))
     return Explanation(
         module=path, module_type=module_type,
         chain=[(p, type(c.module).__name__) for p, c in zip(paths, calls)],
         inputs=[describe(i, v) for i, v in leaves],
+        values={i: text for i, v in leaves
+                if not cuda_broken and (text := values_text(v)) is not None},
         params=[describe(n, t) for n, t in own],
         hint=hint, exception=_headline(exc) + (_traced_error(exc) if stack else ""),
         where=f"{location}: {source}" if location and source else location,
