@@ -98,6 +98,10 @@ class Explanation:
         rank = f"[rank {self.rank}] " if self.rank is not None else ""
         return f"{rank}singlecard_nb.explain: {self.label} failed"
 
+    def banner(self) -> Banner:
+        """The one line to show above the traceback."""
+        return Banner(self._headline(), self.hint)
+
     def __repr__(self) -> str:
         rows = self.rows()
         width = max(len(heading) for heading, _ in rows)
@@ -116,7 +120,33 @@ class Explanation:
         return ("<div class='singlecard-explain' style='border-left:3px solid #d9534f;"
                 "padding:2px 8px;margin:4px 0;font-size:12px'>"
                 f"<div><b>{html.escape(self._headline())}</b></div>"
-                f"<table style='border-collapse:collapse;margin:0'>{body}</table></div>")
+                f"<table style='border-collapse:collapse;margin:0'>{body}</table></div>"
+                ).replace("$", "&#36;")  # a `$` in a message must not start MathJax
+
+
+@dataclasses.dataclass(frozen=True)
+class Banner:
+    """One line shown above the traceback of a failing cell, so the diagnosis is on screen when
+    the cell fails; the full explanation follows the traceback."""
+
+    headline: str  # "singlecard_nb.explain: Linear 'head.fc' failed"
+    hint: str | None
+
+    @property
+    def text(self) -> str:
+        said = f": {self.hint}" if self.hint else ""
+        return f"{self.headline}{said} (details under the traceback)"
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        said = f": {html.escape(self.hint)}" if self.hint else ""
+        return ("<div class='singlecard-explain-banner' style='border-left:3px solid #d9534f;"
+                "padding:2px 8px;margin:2px 0;font-size:12px'>"
+                f"<b>{html.escape(self.headline)}</b>{said} "
+                "<span style='opacity:0.7'>(details under the traceback)</span></div>"
+                ).replace("$", "&#36;")
 
 
 def explain(exc: BaseException | None = None) -> Explanation | None:
