@@ -61,6 +61,10 @@ def compare(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
     stats: statistic columns compared. A tensor diverges when, for one of them,
         |a - b| > atol + rtol * max(|a|, |b|) (for the mean, the larger std counts as well).
         NaN on both sides agrees; NaN on one side diverges.
+    rtol: where the runs differ in dtype (fp32 against bf16 autocast), at least 4 × the
+        coarser dtype's epsilon (bfloat16: 0.03125, float16: 0.0039): rounding at every layer
+        is not a divergence. `cmp.rtol` is the one used; `cmp.dtype_change` says where the
+        dtypes first differ.
     """
     return compare_frames(as_frame(a), as_frame(b), stats, rtol, atol)
 
