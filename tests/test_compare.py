@@ -188,7 +188,7 @@ def test_html_and_text_put_the_first_divergence_on_top_and_plot_marks_it():
     html = cmp._repr_html_()
     assert html.index("first divergence: step 0, &#x27;2&#x27; (Cancel) output") < html.index(
         "<table")
-    assert html.count('style="background:#fdd"') == 1  # the first row, highlighted
+    assert html.count('style="background:rgba(214, 39, 40, 0.18)"') == 1  # the first row
     text = repr(cmp)
     assert text.splitlines()[0].startswith("first divergence: step 0, '2' (Cancel) output")
     fig = cmp.plot()

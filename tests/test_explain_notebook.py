@@ -228,7 +228,7 @@ def test_in_a_kernel_the_banner_precedes_and_the_explanation_follows_the_traceba
     assert error.evalue == "mat1 and mat2 shapes cannot be multiplied (4x16 and 32x2)"
     # IPython's traceback, intact, down to torch's own line
     assert "F.linear(input" in ANSI.sub("", "\n".join(error.traceback))
-    assert "class='singlecard-explain'" in shown.data["text/html"]
+    assert "class='singlecard-explain " in shown.data["text/html"]
     text = shown.data["text/plain"]
     assert text.startswith("singlecard_nb.explain: Linear 'head' failed")
     assert "hint    Linear 'head' expects the last dimension of its input to be 32" in text

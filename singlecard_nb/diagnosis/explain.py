@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .. import theme
 from ..dtypes import dtype_name
 from ..errors import NonFiniteError
 from ..job import place
@@ -117,11 +118,12 @@ class Explanation:
                f"<code>{html.escape(text)}</code>") + "</td></tr>"
             for heading, text in self.rows()
         )
-        return ("<div class='singlecard-explain' style='border-left:3px solid #d9534f;"
+        return theme.no_math(  # a `$` in a message must not start MathJax
+                f"<div class='singlecard-explain {theme.NO_MATH_CLASSES}' "
+                "style='border-left:3px solid #d9534f;"
                 "padding:2px 8px;margin:4px 0;font-size:12px'>"
                 f"<div><b>{html.escape(self._headline())}</b></div>"
-                f"<table style='border-collapse:collapse;margin:0'>{body}</table></div>"
-                ).replace("$", "&#36;")  # a `$` in a message must not start MathJax
+                f"<table style='border-collapse:collapse;margin:0'>{body}</table></div>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +144,12 @@ class Banner:
 
     def _repr_html_(self) -> str:
         said = f": {html.escape(self.hint)}" if self.hint else ""
-        return ("<div class='singlecard-explain-banner' style='border-left:3px solid #d9534f;"
+        return theme.no_math(
+                f"<div class='singlecard-explain-banner {theme.NO_MATH_CLASSES}' "
+                "style='border-left:3px solid #d9534f;"
                 "padding:2px 8px;margin:2px 0;font-size:12px'>"
                 f"<b>{html.escape(self.headline)}</b>{said} "
-                "<span style='opacity:0.7'>(details under the traceback)</span></div>"
-                ).replace("$", "&#36;")
+                "<span style='opacity:0.7'>(details under the traceback)</span></div>")
 
 
 def explain(exc: BaseException | None = None) -> Explanation | None:

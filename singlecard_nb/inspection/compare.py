@@ -25,6 +25,7 @@ import html
 import os
 from typing import Any
 
+from .. import theme
 from .alignment import COMPARED, check_stats, ranks_of
 from .comparison import Comparison, Divergence, compare_frames
 
@@ -164,15 +165,15 @@ class RankComparison:
                 f"{self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
-        parts = [f"<div class='singlecard-compare-ranks'><p><b>{html.escape(self._headline())}"
-                 "</b></p>"]
+        parts = [f"<div class='singlecard-compare-ranks {theme.NO_MATH_CLASSES}'><p><b>"
+                 f"{html.escape(self._headline())}</b></p>"]
         if self.notes:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
                          + "</ul>")
         for rank in self.ranks or list(self.pairs)[:1]:
             parts.append(f"<p>rank {rank} against rank {self.reference}:</p>")
             parts.append(self.pairs[rank]._repr_html_())
-        return "".join(parts) + "</div>"
+        return theme.no_math("".join(parts) + "</div>")
 
     def __repr__(self) -> str:
         lines = [self._headline()] + [f"- {n}" for n in self.notes]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
+from .. import theme
 from .alignment import (
     COMPARED,
     ONLY_IN_A,
@@ -148,7 +149,8 @@ class Comparison:
     def _repr_html_(self) -> str:
         from .summary import html_table
 
-        parts = [f"<div class='singlecard-compare'><p><b>{html.escape(self._headline())}</b></p>",
+        parts = [f"<div class='singlecard-compare {theme.NO_MATH_CLASSES}'><p><b>"
+                 f"{html.escape(self._headline())}</b></p>",
                  f"<p>{html.escape(self._summary())}</p>"]
         if self.notes:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
@@ -159,10 +161,12 @@ class Comparison:
             highlight = rows.index == rows.index[0]
             import pandas as pd
 
-            parts.append(html_table(rows, bad=pd.Series(highlight)))
+            # the shared table's highlight, as a tint the dark theme's light text reads on
+            parts.append(html_table(rows, bad=pd.Series(highlight)).replace(
+                'style="background:#fdd"', f'style="background:{theme.BAD_ROW}"'))
             if more > 0:
                 parts.append(f"<p>… {more} more diverged tensors in cmp.frame()</p>")
-        return "".join(parts) + "</div>"
+        return theme.no_math("".join(parts) + "</div>")
 
     def __repr__(self) -> str:
         lines = [self._headline(), self._summary()] + [f"- {n}" for n in self.notes]
