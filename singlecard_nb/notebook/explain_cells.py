@@ -42,10 +42,10 @@ def start(shell: Any) -> None:
         return original(exc_tuple, *args, **kwargs)
 
     owner.set_attr(shell, "showtraceback", borrow.wrap_like(original, showtraceback),
-                   "shell.showtraceback: the explanation's banner above the traceback")
-    owner.on_restore(lambda: _built.pop(id(shell), None), "the explanation built for the banner")
+                   "shell.showtraceback: a banner above the traceback")
     # restore_all() on unload must also forget this shell, or `explain on` would be a no-op later
-    owner.on_restore(lambda: _owners.pop(id(shell), None), "explain registry")
+    owner.on_restore(lambda: (_owners.pop(id(shell), None), _built.pop(id(shell), None)),
+                     "explain registry")
     _owners[id(shell)] = owner
 
 
