@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.diagnosis.explain import values_text
+from singlecard_nb.diagnosis.described import values_text
 
 
 def failure(fn, *args, **kwargs) -> BaseException:

@@ -18,13 +18,8 @@ import dataclasses
 import html
 import re
 import sys
-from collections.abc import Iterator
-from typing import Any
-
-import torch
 
 from .. import theme
-from ..dtypes import dtype_name
 from ..errors import NonFiniteError
 from ..job import place
 from . import hints
@@ -39,13 +34,11 @@ from .calls import (
     user_modules,
 )
 from .compiled import traced_calls, traced_stack, traced_user_line
-from .failure import Failure, counts, shape_text
+from .described import Described, describe, describe_row, input_leaves, values_text
+from .failure import Failure, counts
 
-_MAX_INPUTS = 32  # a Hugging Face cache can hold hundreds of tensors: describe the first ones
-_MAX_DEPTH = 4
 _MAX_ALIASES = 4
 _MAX_MESSAGE = 400
-Described = tuple  # (index or name, shape, dtype, device)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -88,9 +81,9 @@ class Explanation:
         if self.where:
             rows.append(("where", self.where))
         none = "not known: torch.compile was tracing, no call ran" if self.traced else "no tensors"
-        rows.append(("inputs", "; ".join(_describe_row(d, self.values.get(d[0]))
+        rows.append(("inputs", "; ".join(describe_row(d, self.values.get(d[0]))
                                          for d in self.inputs) or none))
-        rows.append(("params", "; ".join(_describe_row(d) for d in self.params) or "none of its own"))
+        rows.append(("params", "; ".join(describe_row(d) for d in self.params) or "none of its own"))
         if self.hint:
             rows.append(("hint", self.hint))
         return rows
@@ -181,85 +174,6 @@ def build(exc: BaseException) -> Explanation | None:
     return None
 
 
-# --- describing tensors --------------------------------------------------------------------
-
-
-def _leaves(obj: Any, index: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
-    """(index, tensor or numpy array) inside an argument; other values are skipped."""
-    if isinstance(obj, torch.Tensor) or (type(obj).__module__ == "numpy" and hasattr(obj, "shape")):
-        yield index, obj
-    elif depth >= _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            yield from _leaves(getattr(obj, field.name, None), f"{index}.{field.name}", depth + 1)
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for name, item in zip(obj._fields, obj):
-            yield from _leaves(item, f"{index}.{name}", depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj[:_MAX_INPUTS]):
-            yield from _leaves(item, f"{index}[{i}]", depth + 1)
-    elif isinstance(obj, dict):
-        for key, item in list(obj.items())[:_MAX_INPUTS]:
-            yield from _leaves(item, f"{index}[{key!r}]", depth + 1)
-
-
-def _input_leaves(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    leaves: list[tuple[str, Any]] = []
-    for i, arg in enumerate(args):
-        leaves += _leaves(arg, f"[{i}]")
-    for key, value in kwargs.items():
-        leaves += _leaves(value, f"[{key!r}]")
-    return leaves[:_MAX_INPUTS]
-
-
-def describe(name: str, value: Any) -> Described:
-    """(name, shape, dtype, device) of a tensor or numpy array; nothing of it is kept."""
-    if isinstance(value, torch.Tensor):
-        try:
-            shape = tuple(value.shape)
-        except (RuntimeError, ValueError):  # an uninitialised lazy parameter has no shape yet
-            shape = None
-        return name, shape, dtype_name(value.dtype), str(value.device)
-    return name, tuple(value.shape), f"numpy {value.dtype}", "numpy"
-
-
-def _describe_row(described: Described, values: str | None = None) -> str:
-    name, shape, dtype, device = described
-    text = f"{name} {shape_text(shape)} {dtype} {device}"
-    return f"{text} {values}" if values else text
-
-
-_MAX_SUMMARISED = 1 << 22  # elements: reading min/max of more would cost more than the failure
-
-
-def values_text(value: Any) -> str | None:
-    """"x∈[-2.1, 3.4]", "x∈[0, 99]", "x∈[-1, 2] nan!×3 inf!", "nan!×8" (lovely-tensors
-    style) for a tensor small enough to read at once; None for others (meta, fake, complex,
-    empty, huge) or when reading fails."""
-    if (type(value) is not torch.Tensor or value.numel() == 0 or value.numel() > _MAX_SUMMARISED
-            or value.device.type == "meta" or value.is_complex()):
-        return None
-    try:
-        t = value.detach()
-        if t.dtype == torch.bool:
-            return f"{int(t.sum())} True"
-        if not t.is_floating_point():
-            low, high = torch.aminmax(t.reshape(-1))
-            return f"x∈[{int(low)}, {int(high)}]"
-        t = t.float()
-        finite = torch.isfinite(t)
-        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-        flags = "".join(f" {word}!" + (f"×{n}" if n > 1 else "")
-                        for word, n in (("nan", nan), ("inf", inf)) if n)
-        if nan + inf == t.numel():
-            return flags.strip()
-        low, high = torch.aminmax(t[finite])
-        return f"x∈[{float(low):.3g}, {float(high):.3g}]{flags}"
-    except Exception:  # an exotic tensor (a subclass, a broken device): the shape is enough
-        return None
-
-
 # --- putting it together -------------------------------------------------------------------
 
 
@@ -281,7 +195,7 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
                if m is innermost.module and p and p != path
                and p.replace("_orig_mod.", "") != path][:_MAX_ALIASES]  # torch.compile's wrapper
     module_type = type(innermost.module).__name__
-    leaves = _input_leaves(innermost.args, innermost.kwargs)
+    leaves = input_leaves(innermost.args, innermost.kwargs)
     own = [*innermost.module.named_parameters(recurse=False),
            *innermost.module.named_buffers(recurse=False)]
     location, source = traced_user_line(stack) if stack else (None, None)
