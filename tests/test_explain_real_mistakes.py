@@ -201,3 +201,17 @@ def test_inputs_show_their_values_lovely_tensors_style():
     assert values_text(torch.tensor([True, False, True])) == "2 True"
     assert values_text(torch.empty(0)) is None
     assert values_text(torch.empty(2, device="meta")) is None
+
+
+def test_no_values_are_read_after_a_cuda_error_or_out_of_memory():
+    class Failing(nn.Module):
+        def __init__(self, message):
+            super().__init__()
+            self.message = message
+
+        def forward(self, x):
+            raise RuntimeError(self.message)
+
+    for message in ("CUDA error: device-side assert triggered", "CUDA out of memory. Tried"):
+        exp = scn.explain(failure(Failing(message), torch.ones(2)))
+        assert exp.inputs == [("[0]", (2,), "float32", "cpu")] and exp.values == {}

@@ -208,8 +208,10 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         traced=bool(stack),
         callers=[(p, c.module, c.args, c.kwargs) for p, c in zip(paths, calls)],
         neighbours=user_modules(raised)))
-    cuda_broken = bool(re.search(r"CUDA error|device-side assert|CUBLAS_STATUS|cuDNN error",
-                                 str(raised)))
+    # after a CUDA error the context may be gone, and out of memory reading values would
+    # allocate: then shapes only
+    cuda_broken = bool(re.search(r"CUDA error|device-side assert|CUBLAS_STATUS|cuDNN error|"
+                                 r"out of memory", str(raised)))
     return Explanation(
         module=path, module_type=module_type,
         chain=[(p, type(c.module).__name__) for p, c in zip(paths, calls)],
