@@ -221,7 +221,7 @@ def test_in_a_kernel_the_banner_precedes_and_the_explanation_follows_the_traceba
     # the banner first (on screen when the cell fails), the traceback, then the explanation
     assert [o.output_type for o in outputs] == ["display_data", "error", "display_data"]
     banner, error, shown = outputs
-    assert "class='singlecard-explain-banner'" in banner.data["text/html"]
+    assert "class='singlecard-explain-banner " in banner.data["text/html"]
     assert banner.data["text/plain"].startswith("singlecard_nb.explain: Linear 'head' failed: "
                                                 "Linear 'head' expects the last dimension")
     assert error.ename == "RuntimeError"
