@@ -215,7 +215,8 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         exception=raised, module=innermost.module, path=path, label=module_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
-        traced=bool(stack)))
+        traced=bool(stack), root=root,
+        root_inputs=_input_leaves(calls[0].args, calls[0].kwargs)))
     return Explanation(
         module=path, module_type=module_type,
         chain=[(p, type(c.module).__name__) for p, c in zip(paths, calls)],

@@ -31,6 +31,8 @@ class Failure:
     registered: bool = True  # False: held in a plain list/dict, not a submodule of its caller
     non_finite: Any = None  # the NonFiniteError, when the trap raised it
     traced: bool = False  # torch.compile was tracing: nothing ran, no inputs on the stack
+    root: Any = None  # the outermost module on the traceback (the model), when known
+    root_inputs: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # its inputs
 
     @property
     def message(self) -> str:

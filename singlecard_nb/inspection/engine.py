@@ -22,10 +22,10 @@ from typing import Any
 
 from torch import nn
 
+from ..capacity import pinned_card, publish_table, withdraw_table
 from .attach import Attachment
 from .calls import CallTracker
 from .diagnostics import Diagnostics
-from ..capacity import pinned_card, publish_table, withdraw_table
 from .memory import MemoryLedger
 from .options import Kept, check_arguments, check_memory
 from .recorder import Recorder
