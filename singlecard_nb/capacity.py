@@ -51,7 +51,29 @@ def host_card() -> Card:
         free = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         pass
-    return Card("cpu", "cpu", total, free, "/proc/meminfo")
+    source = "/proc/meminfo"
+    limit = _data_limit()
+    if limit is not None:  # a limit set on this process (ulimit -d, resource.setrlimit)
+        soft, used = limit
+        total = soft if total is None else min(total, soft)
+        free = max(soft - used, 0) if free is None else min(free, max(soft - used, 0))
+        source = "RLIMIT_DATA"
+    return Card("cpu", "cpu", total, free, source)
+
+
+def _data_limit() -> tuple[int, int] | None:
+    """(RLIMIT_DATA soft limit, VmData used) where a data-segment limit is set, else None."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData"))
+        return soft, used
+    except (ImportError, OSError, ValueError, StopIteration):
+        return None
 
 
 def publish_table(model: Any, table: Callable[[], dict]) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..capacity import Card, world_size
-from .ledger import run_step
+from .ledger import FakeStep
 from .plan import Plan, Run
 
 _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
@@ -95,10 +95,9 @@ def default_loss(output: Any) -> torch.Tensor:
     return torch.stack(parts).sum()
 
 
-def _measure(model, optimizer, args, kwargs, size, new, loss_fn, autocast=None) -> Run:
+def _measure(step: FakeStep, model, args, kwargs, size, new, autocast=None) -> Run:
     try:
-        ledger, by_kind, by_module = run_step(model, optimizer, _scaled(args, kwargs, size, new),
-                                              loss_fn, autocast)
+        ledger, by_kind, by_module = step.measure(_scaled(args, kwargs, size, new), autocast)
     except RuntimeError as e:
         if str(e).startswith("scn.fit"):
             raise
@@ -127,17 +126,19 @@ def fit(model: nn.Module, batch: Any, *, optimizer: Any = None, loss_fn: Any = N
     check_inputs(inner, args, kwargs)
     size = batch_size(args, kwargs)
     loss_fn = loss_fn or default_loss
-    runs = [_measure(inner, optimizer, args, kwargs, size, size, loss_fn)]
+    step = FakeStep(inner, optimizer, loss_fn)
+
+    runs = [_measure(step, inner, args, kwargs, size, size)]
     notes = []
     try:
-        runs.append(_measure(inner, optimizer, args, kwargs, size, 2 * size, loss_fn))
+        runs.append(_measure(step, inner, args, kwargs, size, 2 * size))
     except RuntimeError as e:
         notes.append(f"at batch size {2 * size} the step did not run ({e}); other sizes are "
                      "scaled from the activations of this one")
     bf16 = None
     if next(inner.parameters(), torch.empty(0)).is_floating_point():
         try:
-            bf16 = _measure(inner, optimizer, args, kwargs, size, size, loss_fn, torch.bfloat16)
+            bf16 = _measure(step, inner, args, kwargs, size, size, torch.bfloat16)
         except RuntimeError:
             notes.append("the step did not run under bf16 autocast on fake tensors; its saving "
                          "is estimated (activations halved)")

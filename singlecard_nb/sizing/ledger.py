@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
@@ -131,7 +132,7 @@ def fake_copy(model: nn.Module, optimizer: Any, mode: FakeTensorMode):
                   for group in optimizer.param_groups]
         try:
             with mode:
-                fake_optimizer = type(optimizer)(groups, **optimizer.defaults)
+                fake_optimizer = type(optimizer)(groups, **_constructor_defaults(optimizer))
         except Exception as e:
             raise RuntimeError(f"scn.fit could not rebuild {type(optimizer).__name__} on the "
                                f"copy ({type(e).__name__}: {e}); pass optimizer=None to plan "
@@ -139,43 +140,72 @@ def fake_copy(model: nn.Module, optimizer: Any, mode: FakeTensorMode):
         for real, state in optimizer.state.items():
             fake = memo.get(id(real))
             if fake is not None:
-                # 0-dim CPU counters (Adam's `step`) are read with .item(): a small real copy
-                fake_optimizer.state[fake] = {
-                    k: (v.clone() if v.dim() == 0 and v.device.type == "cpu" else
-                        mode.from_tensor(v)) if isinstance(v, torch.Tensor) else copy.copy(v)
-                    for k, v in state.items()}
+                fake_optimizer.state[fake] = {k: _fake_state(v, mode) for k, v in state.items()}
     return fake_model, fake_optimizer
 
 
-def run_step(model: nn.Module, optimizer: Any, batch: Callable[[], Any],
-             loss_fn: Callable[[Any], torch.Tensor], autocast: torch.dtype | None = None
-             ) -> tuple[Ledger, dict[str, int], dict]:
-    """Measure one steady-state training step of fakes of `model`/`optimizer` on `batch()`.
+def _fake_state(value: Any, mode: FakeTensorMode) -> Any:
+    """A fake of one optimizer state entry. 0-dim counters (Adam's `step`) are read with
+    .item(): they become constants of the fake mode, which it can read."""
+    if not isinstance(value, torch.Tensor):
+        return copy.copy(value)
+    if value.dim() == 0:
+        number = value.item()
+        with mode:
+            return torch.tensor(number, dtype=value.dtype, device=value.device)
+    return mode.from_tensor(value)
 
-    Returns the ledger, the kind of each live storage at the peak summed (bytes) and the same
-    by module. The optimizer's first step (which creates its state) runs before the one
-    measured, as in training from the second step on.
+
+def _constructor_defaults(optimizer: Any) -> dict:
+    """The optimizer's defaults its constructor takes (each group carries its own settings;
+    some defaults, like AdamW's decoupled_weight_decay, are no constructor argument)."""
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return dict(optimizer.defaults)
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in accepted}
+
+
+class FakeStep:
+    """Fakes of a model and its optimizer, and steady-state training steps measured on them.
+
+    The optimizer's first step (which creates its state) runs once, unmeasured, before the
+    first step measured, as in training from the second step on.
     """
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake_model, fake_optimizer = fake_copy(model, optimizer, mode)
-    ledger = Ledger()
-    owners = {id(p): path for path, m in fake_model.named_modules()
-              for p in m.parameters(recurse=False)}
-    with mode, ledger, module_stack(fake_model, ledger):
-        for path, m in fake_model.named_modules():
-            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
-                ledger.track(t, "parameters", path)
-        if fake_optimizer is not None:
-            for p, state in fake_optimizer.state.items():
-                for v in state.values():
-                    ledger.track(v, "optimizer", owners.get(id(p), ""))
-        warm = fake_optimizer is not None and not fake_optimizer.state
-        for measured in ((False, True) if warm else (True,)):
-            if measured:
-                ledger.start_measuring()
-            _one_step(fake_model, fake_optimizer, batch, loss_fn, ledger, autocast)
-        by_kind, by_module = _classify(ledger, fake_model, fake_optimizer, owners)
-    return ledger, by_kind, by_module
+
+    def __init__(self, model: nn.Module, optimizer: Any,
+                 loss_fn: Callable[[Any], torch.Tensor]):
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.model, self.optimizer = fake_copy(model, optimizer, self.mode)
+        self.loss_fn = loss_fn
+        self.owners = {id(p): path for path, m in self.model.named_modules()
+                       for p in m.parameters(recurse=False)}
+        self._warm = self.optimizer is not None and not self.optimizer.state
+
+    def measure(self, batch: Callable[[], Any], autocast: torch.dtype | None = None
+                ) -> tuple[Ledger, dict[str, int], dict]:
+        """One step on `batch()`: the ledger, and the kinds (bytes) live at the peak, summed
+        and by module."""
+        ledger = Ledger()
+        for p in self.model.parameters():
+            p.grad = None  # a step that failed half-way leaves none behind
+        with self.mode, ledger, module_stack(self.model, ledger):
+            for path, m in self.model.named_modules():
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+                    ledger.track(t, "parameters", path)
+            if self.optimizer is not None:
+                for p, state in self.optimizer.state.items():
+                    for v in state.values():
+                        ledger.track(v, "optimizer", self.owners.get(id(p), ""))
+            if self._warm:
+                _one_step(self.model, self.optimizer, batch, self.loss_fn, ledger, autocast)
+                self._warm = False
+            ledger.start_measuring()
+            _one_step(self.model, self.optimizer, batch, self.loss_fn, ledger, autocast)
+            by_kind, by_module = _classify(ledger, self.model, self.optimizer, self.owners)
+        return ledger, by_kind, by_module
 
 
 def _one_step(model, optimizer, batch, loss_fn, ledger: Ledger, autocast) -> None:
