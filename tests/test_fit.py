@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 import torch
+from test_memory import Attention, _cnn
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -15,8 +16,6 @@ from torch.utils._pytree import tree_leaves
 import singlecard_nb as scn
 from singlecard_nb.pinning import devices
 from singlecard_nb.pinning.devices import Machine
-
-from test_memory import Attention, _cnn
 
 
 class RealPeak(TorchDispatchMode):

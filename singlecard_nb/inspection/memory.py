@@ -38,24 +38,18 @@ def storage_of(t: torch.Tensor) -> tuple[int, int, Any] | None:
         return None
 
 
-class _Saved:
-    """A tensor autograd saved: a detached alias and the version it had (checked on unpack)."""
-
-    __slots__ = ("tensor", "version")
-
-    def __init__(self, tensor: torch.Tensor, version: int | None):
-        self.tensor, self.version = tensor, version
+_Parameter = nn.Parameter
 
 
-def _unpack(saved: Any) -> torch.Tensor:
-    if not isinstance(saved, _Saved):
-        return saved
-    t = saved.tensor
-    if saved.version is not None and t._version != saved.version:
+def _unpack(saved: tuple) -> torch.Tensor:
+    """What `_pack` kept, a (detached alias, version) pair: the version checked as autograd
+    checks it without hooks."""
+    t, version = saved
+    if version is not None and t._version != version:
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: [{t.type()} {list(t.shape)}] is at version {t._version}; "
-            f"expected version {saved.version} instead. (singlecard_nb's memory=True checks "
+            f"expected version {version} instead. (singlecard_nb's memory=True checks "
             "this in its saved-tensor hooks, as autograd does without them.)")
     return t
 
@@ -78,18 +72,21 @@ class MemoryLedger:
         self._saved_keys: dict[int, Any] = {}  # saved storages of this step -> weakref
         self._output_keys: dict[int, str] = {}  # output storages of this step -> its module
         self._pending: dict[int, int] = {}  # id(module) -> saved bytes of its open call
-        self.step: dict[str, list[int]] = {}  # path -> [saved, outputs] of this step
-        self.last: dict[str, list[int]] = {}  # the same, of the last finished step
+        # path -> bytes of this step (ints in two dicts: no container per call for the
+        # garbage collector to walk), and the last finished step's path -> (saved, outputs)
+        self._saved: dict[str, int] = {}
+        self._outputs: dict[str, int] = {}
+        self.last: dict[str, tuple[int, int]] = {}
         self.last_step = self._step_no = -1
         self.outside = 0  # saved in no inspected module (this step)
         self._thread = 0  # the thread whose saved-tensor hooks are pushed (they are per thread)
 
     # --- a recorded call of the model -------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        if self.step:
-            self.last, self.last_step = self.step, self._step_no
+        if self._saved or self._outputs:
+            self.last, self.last_step = self._table(), self._step_no
         self._step_no = step
-        self.step, self._saved_keys, self._output_keys = {}, {}, {}
+        self._saved, self._outputs, self._saved_keys, self._output_keys = {}, {}, {}, {}
         self._pending, self.outside = {}, 0
 
     def enter(self, root_running: bool) -> None:
@@ -101,9 +98,10 @@ class MemoryLedger:
         model = self._model()
         if model is None:
             return
-        self._exclude = {key for t in (*model.parameters(), *model.buffers())
-                         if (key := _key(t)) is not None}
-        self._stack[:] = [model] if root_running and id(model) in self._targets() else []
+        # parameters are told by their class (views of them by their base), buffers by storage
+        self._exclude = {key for t in model.buffers() if (key := _key(t)) is not None}
+        targets = self._targets()
+        self._stack[:] = [model] if root_running and id(model) in targets else []
         try:
             _push(self._pack, _unpack)
         except RuntimeError as e:  # saved-tensor hooks disabled by the caller (vmap, compile)
@@ -111,7 +109,13 @@ class MemoryLedger:
                       "mem_saved stays empty for these calls.")
             return
         self._pushed, self._thread = True, threading.get_ident()
-        self._pre_hook = register_module_forward_pre_hook(self._entered)
+        stack = self._stack
+
+        def entered(module: nn.Module, args: Any) -> None:  # per module call: kept lean
+            if id(module) in targets:
+                stack.append(module)
+
+        self._pre_hook = register_module_forward_pre_hook(entered)
 
     def exit(self) -> None:
         """The call closed (or Ctrl-C left it open and it was settled): hooks off."""
@@ -123,10 +127,6 @@ class MemoryLedger:
             _pop()
         self._stack.clear()
 
-    def _entered(self, module: nn.Module, args: Any) -> None:
-        if id(module) in self._targets():
-            self._stack.append(module)
-
     def _pack(self, t: torch.Tensor) -> Any:
         try:
             version = t._version
@@ -136,9 +136,11 @@ class MemoryLedger:
             self._count_saved(t)
         except Exception as e:  # accounting never breaks the forward it watches
             self._say("memory-failed", f"memory=True could not count a saved tensor ({e!r}).")
-        return _Saved(t.detach(), version)
+        return t.detach(), version
 
     def _count_saved(self, t: torch.Tensor) -> None:
+        if type(t) is _Parameter or type(t._base) is _Parameter:
+            return  # resident anyway (an isinstance check would run Python per tensor)
         found = storage_of(t)
         if found is None:
             return
@@ -151,7 +153,7 @@ class MemoryLedger:
         self._saved_keys[key] = weakref.ref(storage)
         returned_by = self._output_keys.pop(key, None)
         if returned_by is not None:  # an output saved by a later module: an activation now
-            self.step[returned_by][1] -= nbytes
+            self._outputs[returned_by] -= nbytes
         if self._stack:
             module = id(self._stack[-1])
             self._pending[module] = self._pending.get(module, 0) + nbytes
@@ -162,12 +164,13 @@ class MemoryLedger:
     def leave(self, module: nn.Module, path: str) -> int:
         """A call of `module` ended: the bytes it saved (its children's are theirs)."""
         stack = self._stack
-        if module in stack:  # calls that raised never popped: they end with their caller
+        if stack and stack[-1] is module:
+            stack.pop()
+        elif module in stack:  # calls that raised never popped: they end with their caller
             while stack and stack.pop() is not module:
                 pass
         saved = self._pending.pop(id(module), 0)
-        entry = self.step.setdefault(path, [0, 0])
-        entry[0] += saved
+        self._saved[path] = self._saved.get(path, 0) + saved
         return saved
 
     def output(self, t: torch.Tensor, path: str) -> float:
@@ -179,25 +182,30 @@ class MemoryLedger:
         if (key and key not in self._output_keys and key not in self._exclude
                 and key not in self._saved_keys):
             self._output_keys[key] = path
-            self.step.setdefault(path, [0, 0])[1] += nbytes
+            self._outputs[path] = self._outputs.get(path, 0) + nbytes
         return float(nbytes)
 
     def table(self) -> tuple[int, dict[str, tuple[int, int]]]:
         """(step, path -> (saved, outputs)) of the latest step whose forward has ended."""
-        if self.last and (self._pushed or not self.step):  # this step's forward still runs
-            return self.last_step, {p: (s, o) for p, (s, o) in self.last.items()}
+        if self.last and (self._pushed or not (self._saved or self._outputs)):
+            return self.last_step, dict(self.last)  # this step's forward still runs
         return self._step_no, self.current()
+
+    def _table(self) -> dict[str, tuple[int, int]]:
+        return {p: (self._saved.get(p, 0), self._outputs.get(p, 0))
+                for p in {**self._saved, **self._outputs}}
 
     def current(self) -> dict[str, tuple[int, int]]:
         """This step so far, calls still running included (what the out-of-memory rule reads
         while the failed step's tensors are still alive)."""
-        table = {p: [s, o] for p, (s, o) in self.step.items()}
+        table = self._table()
         targets = self._targets()
-        for module, saved in self._pending.items():
+        for module, saved in list(self._pending.items()):
             target = targets.get(module)
             if target is not None:
-                table.setdefault(target.path, [0, 0])[0] += saved
-        return {p: (s, o) for p, (s, o) in table.items()}
+                done, outputs = table.get(target.path, (0, 0))
+                table[target.path] = (done + saved, outputs)
+        return table
 
 
 def _key(t: torch.Tensor) -> int | None:

@@ -155,8 +155,9 @@ def out_of_memory(f: Failure) -> str | None:
     while global_batch % micro:
         micro -= 1
     hint = (f". A batch of {batch} does not fit in the {size_text(usable)} this process can use: "
-            f"a micro-batch of at most {micro} with {global_batch // micro} gradient-accumulation "
-            f"steps keeps the global batch of {global_batch} ({job})")
+            f"a micro-batch of at most {micro} (sized from what ran before the failure; the rest "
+            f"of the step needs more) with {global_batch // micro} gradient-accumulation steps "
+            f"keeps the global batch of {global_batch} ({job})")
     blocks = _blocks(table, fixed, usable, tried or 0)
     if blocks:
         hint += f"; or {blocks}"
