@@ -44,7 +44,7 @@ def measure(name: str, reps: int) -> tuple[float, float]:
         variants[key] = (copy_, scn.inspect(copy_, memory=memory))
     times: dict[str, list[float]] = {key: [] for key in variants}
     try:
-        for key, (m, insp) in variants.items():  # warm up: allocator, kernels
+        for m, insp in variants.values():  # warm up: allocator, kernels
             for _ in range(2):
                 _step(m, x)
                 insp.flush()
