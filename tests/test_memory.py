@@ -193,17 +193,49 @@ def test_memory_needs_the_option_and_checks_it():
 
 
 def test_inspect_magic_memory_flag():
-    from IPython.testing.globalipapp import get_ipython
+    from IPython.core.interactiveshell import InteractiveShell
 
-    ip = get_ipython()
+    ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "singlecard_nb")
     try:
         ip.user_ns["mm"] = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
         ip.run_line_magic("inspect", "mm --memory")
-        ip.run_cell("mm(torch.randn(2, 4)).sum().backward()" if False else
-                    "import torch; mm(torch.randn(2, 4))")
+        assert not ip.run_cell("import torch; mm(torch.randn(2, 4))").error_in_exec
         insp = scn.inspector(ip.user_ns["mm"])
         assert insp.frame()["mem_saved"].sum() > 0
         ip.run_line_magic("inspect", "off mm")
     finally:
         ip.run_line_magic("unload_ext", "singlecard_nb")
+
+
+def _saved_hooks_installed() -> bool:
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+def test_hooks_are_given_back_after_errors_ctrl_c_and_stop():
+    from torch.nn.modules import module as module_globals
+
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise KeyboardInterrupt if x.shape[0] == 3 else ValueError("boom")
+
+    model = nn.Sequential(nn.Linear(4, 4), Fails())
+    pre_hooks = dict(module_globals._global_forward_pre_hooks)
+    insp = scn.inspect(model, memory=True)
+    try:
+        try:
+            model(torch.randn(2, 4))
+        except ValueError:
+            pass
+        assert not _saved_hooks_installed()  # the root's always-called hook closed the call
+        try:
+            model(torch.randn(3, 4))  # Ctrl-C: torch runs no always-called hook
+        except KeyboardInterrupt:
+            pass
+        insp.flush()  # what %inspect runs after each cell: the stale call is settled
+        assert not _saved_hooks_installed()
+        assert dict(module_globals._global_forward_pre_hooks) == pre_hooks
+    finally:
+        insp.stop()
+    assert not _saved_hooks_installed()
+    assert dict(module_globals._global_forward_pre_hooks) == pre_hooks
