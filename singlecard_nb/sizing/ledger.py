@@ -180,8 +180,10 @@ class FakeStep:
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.model, self.optimizer = fake_copy(model, optimizer, self.mode)
         self.loss_fn = loss_fn
-        self.owners = {id(p): path for path, m in self.model.named_modules()
-                       for p in m.parameters(recurse=False)}
+        self.owners: dict[int, str] = {}  # a shared parameter is its first module's
+        for path, m in self.model.named_modules():
+            for p in m.parameters(recurse=False):
+                self.owners.setdefault(id(p), path)
         self._warm = self.optimizer is not None and not self.optimizer.state
 
     def measure(self, batch: Callable[[], Any], autocast: torch.dtype | None = None
@@ -225,9 +227,11 @@ def _one_step(model, optimizer, batch, loss_fn, ledger: Ledger, autocast) -> Non
     ledger.phase = "backward"
     loss.backward()
     del output, loss, args, kwargs
-    ledger.grad_tokens = {ledger.token_of(p.grad): path  # before zero_grad lets them go
-                          for path, m in model.named_modules()
-                          for p in m.parameters(recurse=False) if p.grad is not None}
+    ledger.grad_tokens = {}  # before zero_grad lets them go
+    for path, m in model.named_modules():
+        for p in m.parameters(recurse=False):
+            if p.grad is not None:
+                ledger.grad_tokens.setdefault(ledger.token_of(p.grad), path)
     if optimizer is not None:
         ledger.phase = "optimizer"
         optimizer.step()
@@ -241,7 +245,7 @@ def _classify(ledger: Ledger, model: nn.Module, optimizer: Any, owners: dict):
     for path, m in model.named_modules():
         for p in m.parameters(recurse=False):
             if p.grad is not None and (token := ledger.token_of(p.grad)) is not None:
-                kind_of[token] = ("gradients", path)
+                kind_of.setdefault(token, ("gradients", path))
     if optimizer is not None:
         for p, state in optimizer.state.items():
             for v in state.values():
