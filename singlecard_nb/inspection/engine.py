@@ -22,11 +22,10 @@ from typing import Any
 
 from torch import nn
 
-from ..capacity import pinned_card, publish_table, withdraw_table
 from .attach import Attachment
 from .calls import CallTracker
 from .diagnostics import Diagnostics
-from .memory import MemoryLedger
+from .memory_view import MemoryWatch
 from .options import Kept, check_arguments, check_memory
 from .recorder import Recorder
 from .stats import VALUES
@@ -84,12 +83,8 @@ class Inspector:
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes)
         # memory=True: what each module saved for backward and returned (memory.py)
-        self._memory = None
-        if check_memory(memory):
-            self._memory = MemoryLedger(model, lambda calls=self._calls: calls.targets,
-                                        self._diagnostics)
-            self._recorder.memory = self._memory
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # seen stepping (memory=True)
+        self._memory = (MemoryWatch(model, self._calls, self._recorder, self._diagnostics)
+                        if check_memory(memory) else None)
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -129,8 +124,7 @@ class Inspector:
         self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
                             params=self.params, on_detach=self._detached)
         if self._memory is not None:
-            self._attach.listen_to_optimizers(self._saw_optimizer)
-            publish_table(model, self._memory_now)
+            self._memory.started(model, self._attach.listen_to_optimizers)
         _active[id(model)] = self
         _latest[id(model)] = self
         if wrapper is not None:
@@ -151,7 +145,7 @@ class Inspector:
         if _active.get(self._model_id) is self:
             del _active[self._model_id]
         if self._memory is not None:
-            withdraw_table(self._model(), self._memory_now)
+            self._memory.stopped(self._model())
         self._calls.close_all()
         self._recorder.flush()
 
@@ -257,29 +251,11 @@ class Inspector:
         optimizer: whose state to count (default: the torch.optim optimisers seen stepping
             this model's parameters while inspected).
         """
-        from .memory_view import memory_table
-
         if self._memory is None:
             raise ValueError("insp.memory() needs an inspector started with memory=True: "
                              "scn.inspect(model, memory=True) or %inspect model --memory.")
         self._recorder.flush()
-        optimizers = [optimizer] if optimizer is not None else list(self._optimizers)
-        return memory_table(self._model(), self._calls.targets, self._memory, optimizers,
-                            pinned_card())
-
-    def _saw_optimizer(self, optimizer, args, kwargs) -> None:
-        if optimizer not in self._optimizers:
-            model = self._model()
-            mine = {id(p) for p in model.parameters()} if model is not None else set()
-            if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-                self._optimizers.add(optimizer)
-
-    def _memory_now(self) -> dict:
-        """What the out-of-memory rule reads: path -> {kind: bytes}, this step so far."""
-        from .memory_view import module_bytes
-
-        return module_bytes(self._model(), self._calls.targets, self._memory.current(),
-                            list(self._optimizers))
+        return self._memory.table(self._model(), optimizer)
 
     def add_listener(self, fn: Callable[[Inspector], None]) -> None:
         """Call `fn(insp)` each time a recorded step's statistics reach the host."""

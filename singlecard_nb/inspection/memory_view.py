@@ -9,12 +9,14 @@ it; an output that a later module saves for backward is an activation, not an ou
 from __future__ import annotations
 
 import html
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..capacity import Card, host_card, size_text
+from ..capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
 from .memory import MemoryLedger, storage_of
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "outputs")
@@ -144,3 +146,39 @@ def memory_table(model: nn.Module | None, targets: dict, ledger: MemoryLedger,
     if card is None and device == "cpu":
         card = host_card()
     return MemoryTable(module_bytes(model, targets, saved, optimizers), step, card, device)
+
+
+class MemoryWatch:
+    """memory=True's part of an Inspector: the ledger (handed to the recorder, which feeds it),
+    the optimisers seen stepping the model, and the table published for the OOM rule."""
+
+    def __init__(self, model: nn.Module, calls: Any, recorder: Any, diagnostics: Any):
+        self._calls = calls
+        self.ledger = MemoryLedger(model, lambda: calls.targets, diagnostics)
+        recorder.memory = self.ledger
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._model = weakref.ref(model)
+        self._published = self.now  # one bound object: withdrawing compares it by identity
+
+    def started(self, model: nn.Module, listen: Callable[[Callable], None]) -> None:
+        listen(self._saw_optimizer)
+        publish_table(model, self._published)
+
+    def stopped(self, model: nn.Module | None) -> None:
+        withdraw_table(model, self._published)
+
+    def table(self, model: nn.Module | None, optimizer: Any = None) -> MemoryTable:
+        optimizers = [optimizer] if optimizer is not None else list(self._optimizers)
+        return memory_table(model, self._calls.targets, self.ledger, optimizers, pinned_card())
+
+    def now(self) -> dict:
+        """What the out-of-memory rule reads: path -> {kind: bytes}, this step so far."""
+        return module_bytes(self._model(), self._calls.targets, self.ledger.current(),
+                            list(self._optimizers))
+
+    def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer not in self._optimizers:
+            model = self._model()
+            mine = {id(p) for p in model.parameters()} if model is not None else set()
+            if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+                self._optimizers.add(optimizer)
