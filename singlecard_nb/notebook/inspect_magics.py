@@ -36,6 +36,9 @@ def _options(func):
                  help="Show a view that updates in place while training runs."),
         argument("--max-rows", type=int, default=None, metavar="N",
                  help="Keep at most N rows (ring buffer)."),
+        argument("--memory", action="store_true",
+                 help="Also bytes of outputs and of what each module saved for backward "
+                      "(mem_out, mem_saved); insp.memory() shows what each module holds."),
     ]):
         func = decorator(func)
     return func
@@ -189,7 +192,8 @@ class InspectMagics(Magics):
         try:
             return Inspector(model, include=args.include, exclude=args.exclude,
                              every=args.every, grads=args.grads, trap=args.trap,
-                             max_rows=args.max_rows, params=args.params)
+                             max_rows=args.max_rows, params=args.params,
+                             memory=args.memory)
         except (TypeError, ValueError) as e:  # e.g. a TorchScript module
             raise UsageError(f"%inspect: {e}") from None
 
