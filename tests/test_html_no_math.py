@@ -75,6 +75,13 @@ def explanation():
         return scn.explain(e)
 
 
+def memory_table():
+    m = model()
+    with scn.inspect(m, memory=True) as insp:
+        m(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    return insp.memory()
+
+
 # module:Class -> what builds one with a `$` in its content
 CASES = {
     "pinning.report:Status": lambda runs, mp: (mp.setenv("CUDA_VISIBLE_DEVICES", "$SLURM_GPUS"),
@@ -88,6 +95,8 @@ CASES = {
     "inspection.engine:Inspector": lambda runs, mp: runs[0],
     "diagnosis.explain:Explanation": lambda runs, mp: explanation(),
     "diagnosis.explain:Banner": lambda runs, mp: explanation().banner(),
+    "inspection.memory_view:MemoryTable": lambda runs, mp: memory_table(),
+    "sizing.plan:Plan": lambda runs, mp: scn.fit(model(), torch.randn(3, 4)),
     "notebook.watch:CellMemory": lambda runs, mp: watch.CellMemory(
         "cpu", "RSS", 1, 1, 1, True, 0.1, note="$PATH"),
 }

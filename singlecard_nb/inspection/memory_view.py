@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
+from ..theme import NO_MATH_CLASSES, no_math
 from .memory import MemoryLedger, storage_of
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "outputs")
@@ -131,8 +132,9 @@ class MemoryTable:
                        for p, r in self.rows[:_SHOWN])
         more = (f"<p>... {len(self.rows) - _SHOWN} more modules (.frame() has them all)</p>"
                 if len(self.rows) > _SHOWN else "")
-        return (f"<p><b>{html.escape(self.headline())}</b></p><table class='singlecard-nb'>"
-                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}")
+        return no_math(f"<div class='{NO_MATH_CLASSES}'><p><b>{html.escape(self.headline())}</b>"
+                       f"</p><table class='singlecard-nb'><thead><tr>{head}</tr></thead>"
+                       f"<tbody>{body}</tbody></table>{more}</div>")
 
 
 def memory_table(model: nn.Module | None, targets: dict, ledger: MemoryLedger,

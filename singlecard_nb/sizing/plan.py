@@ -8,6 +8,7 @@ import dataclasses
 import html
 
 from ..capacity import Card, size_text
+from ..theme import ERROR, GOOD, NO_MATH_CLASSES, no_math
 from .ledger import KINDS
 
 _MODULES_SHOWN = 12
@@ -178,8 +179,9 @@ class Plan:
         kinds = ", ".join(f"{k} {size_text(v)}" for k, v in self.by_kind.items())
         advice = "".join(f"<li>{html.escape(a)}</li>" for a in self.advice())
         notes = "".join(f"<p>note: {html.escape(n)}</p>" for n in self.notes)
-        color = "#5cb85c" if self.fits else "#d9534f"
-        return (f"<div style='border-left:3px solid {color};padding:2px 8px'>"
+        color = GOOD if self.fits else ERROR
+        return no_math(f"<div class='{NO_MATH_CLASSES}' "
+                f"style='border-left:3px solid {color};padding:2px 8px'>"
                 f"<p><b>{html.escape(self.headline())}</b></p><p>by kind: {html.escape(kinds)}</p>"
                 + table(("batch", "predicted peak", ""), self._sizes())
                 + "<p>by module (at the peak):</p>"
