@@ -225,14 +225,16 @@ class Inspector:
                 step.setdefault(path, record.values[row, column])
         return pd.DataFrame(series)
 
-    def histograms(self) -> dict[str, tuple[Any, Any]]:
-        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`."""
+    def histograms(self, steps: bool = False) -> dict[str, Any]:
+        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`;
+        with `steps=True`, the recent steps' ones: a list of (step, counts, edges) per module."""
         self._recorder.flush()
-        return self._store.latest_histograms()
+        return self._store.histogram_steps() if steps else self._store.latest_histograms()
 
-    def summary(self) -> Summary:
-        """Per-module aggregate over steps; renders as a table in notebooks."""
-        return Summary(self)
+    def summary(self, top: int | None = None) -> Summary:
+        """Per-module aggregate over steps, most changed first (the live view's order); renders
+        as a table in notebooks. top: only the first `top` modules."""
+        return Summary(self, top)
 
     def add_listener(self, fn: Callable[[Inspector], None]) -> None:
         """Call `fn(insp)` each time a recorded step's statistics reach the host."""
