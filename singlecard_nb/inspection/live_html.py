@@ -153,6 +153,7 @@ var tbody=root.querySelector("tbody"),more=root.querySelector(".scn-more");
 var count=root.querySelector(".scn-count");
 root.querySelector(".scn-controls").style.display="flex";
 input.value=st.q;expand.checked=st.expand;
+var ROW="singlecard-live-row";  // as the Python side draws rows, one per module or group
 function esc(s){return String(s).replace(/[&<>"'$]/g,function(c){return "&#"+c.charCodeAt(0)+";";});}
 function key(r){return r[15]?"g:"+r[1]:r[2];}
 function flat(rows){var out=[];rows.forEach(function(r){if(r[15])out.push.apply(out,r[15]);else out.push(r);});return out;}
@@ -174,7 +175,7 @@ function cells(r,member){
  if(r[14])sub.push("same output: "+esc(r[14]));
  var pinned=st.pins.indexOf(key(r))>=0,open=st.expand||st.open.indexOf(key(r))>=0;
  var toggle=r[15]&&!member?"<span class='scn-toggle'>"+(open?"▾":"▸")+"</span>":"";
- var h="<tr class='singlecard-live-row scn-t"+r[13]+(pinned?" scn-pinned":"")+(member?" scn-member":"")+
+ var h="<tr class='"+ROW+" scn-t"+r[13]+(pinned?" scn-pinned":"")+(member?" scn-member":"")+
   "' data-key='"+esc(key(r))+"'><td class='p' title='pin this row to the top'>"+(pinned?"★":"☆")+
   "</td><td class='n'>"+r[0]+"</td><td class='m'>"+toggle+esc(member?r[2]:r[1])+
   sub.map(function(s){return "<div class='scn-sub'>"+s+"</div>";}).join("")+"</td><td>"+esc(r[3])+

@@ -320,7 +320,8 @@ def _group_row(pattern: str, members: list[Row]) -> Row:
     parts = pattern.split("{}")
     label = parts[0]
     for i, rest in enumerate(parts[1:]):
-        label += "{" + _ranges(sorted({int(n[i]) for n in numbers})) + "}" + rest
+        values = sorted({int(n[i]) for n in numbers})
+        label += (str(values[0]) if len(values) == 1 else "{" + _ranges(values) + "}") + rest
     return Row(**{**worst.__dict__, "members": list(members), "label": label, "same": worst.same})
 
 
