@@ -250,12 +250,14 @@ class Inspector:
 
         return live_view(self)
 
-    def plot(self, stat: str = "absmax", training: bool | None = None):
+    def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
+             top: int = 40):
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
-        marked. training: True or False keeps only rows in that mode."""
+        marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
+        first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
         from .plots import heatmap
 
-        return heatmap(self, stat, training=training)
+        return heatmap(self, stat, training=training, relative=relative, top=top)
 
     def hist(self, modules=None, bins: int | None = None):
         """Histograms of activation values of `modules` (globs), computed on the device.
