@@ -266,7 +266,7 @@ class Inspector:
         on, for any `modules` asked for here; no activation is kept for them. On a GPU each
         histogram reads its range back once (torch.histc), so ask only for the modules you need.
         """
-        from .plots import histograms
+        from .hist_plots import histograms
 
         patterns = globs(modules) or []
         added = track_histograms(self._calls.targets, patterns)

@@ -17,11 +17,11 @@ from typing import Any
 from .. import borrow
 from . import live_html, ranking
 from .formatting import num as _num
-from .formatting import shape
-from .formatting import sparkline  # noqa: F401  (the view's sparkline, for scripts and tests)
+from .formatting import shape, sparkline  # noqa: F401  (sparkline: the view's, for scripts)
 from .ranking import Row
 
 _views = itertools.count(1)
+
 
 def _current_shell() -> Any:
     from IPython import get_ipython
@@ -197,18 +197,6 @@ def text_table(rows: list[Row], head: str, top: int) -> str:
     if len(rows) > top:
         lines.append(f"  … {len(rows) - top} more rows")
     return "\n".join(lines)
-
-
-def _num(value: Any) -> str:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return "" if value is None else str(value)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.3g}"
 
 
 def live_view(insp: Any, max_rate: float = 4.0, top: int = TOP) -> LiveView:
