@@ -174,7 +174,7 @@ def test_quickstart_in_a_real_browser(lab):
             # The live inspection view rendered one row per module, and its final state.
             live = page.locator("table.singlecard-live")
             expect(live).to_have_count(1)
-            expect(live.locator("tr.singlecard-live-row")).to_have_count(6)
+            expect(live.locator("tr.singlecard-live-row")).to_have_count(5)  # root folded into "4"
             live_output = page.locator(".jp-OutputArea-output", has=live)
             expect(live_output).to_contain_text("stopped")
             live_output.scroll_into_view_if_needed()
@@ -273,13 +273,12 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
             _next_update(page, view)
             expect(view.locator("tbody tr").first).to_contain_text("transformer.ln_f")
             expect(view.locator("tbody tr").first.locator("td.p")).to_have_text("★")
-            view.locator("input.scn-search").fill("h.9.mlp")  # for the screenshots
+            view.locator("input.scn-search").fill("")  # the whole ranked view, for the docs
             view.screenshot(path=str(docs / "live-view.png"))
 
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Settings$")).click()
             page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).hover()
-            page.locator(".lm-Menu-item[data-command='apputils:change-theme']",
-                         has_text="JupyterLab Dark").click()
+            page.get_by_role("menuitem", name="JupyterLab Dark", exact=True).click()
             expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1,
                                                                                  timeout=10_000)
             _next_update(page, view)

@@ -32,37 +32,44 @@ COLUMNS = (("pin", "", False), ("rank", "#", True), ("module", "module", False),
            ("type", "type", False), ("shape", "shape", False), ("why", "why shown", False),
            ("absmax", "absmax", True), ("std", "std", True), ("mean", "mean", True),
            ("zeros", "zeros", True), ("nan", "nan", True), ("inf", "inf", True),
-           ("trend", f"absmax, last {SPARK_STEPS} steps", False))
+           ("trend", "absmax trend", False))
 
+# Selectors are two classes deep so they win over JupyterLab's own table rules (which fix the
+# layout, stripe odd rows and right-align cells); colours are tints, readable on either theme.
 _STYLE = """
-.singlecard-live-view{font-size:12px;color:inherit;max-width:100%}
+.singlecard-live-view{font-size:12px;color:inherit;max-width:100%;overflow-x:auto}
 .singlecard-live-view .scn-head{margin-bottom:3px}
 .singlecard-live-view .scn-bad{background:rgba(220,40,40,.85);color:#fff;padding:2px 6px}
-.singlecard-live-view .scn-controls{display:none;margin:3px 0;gap:8px;align-items:center}
-.singlecard-live-view .scn-controls input[type=search]{width:320px;font:inherit;padding:1px 4px;
+.singlecard-live-view .scn-controls{display:none;margin:3px 0;gap:10px;align-items:center}
+.singlecard-live-view .scn-controls input[type=search]{width:340px;font:inherit;padding:1px 4px;
  color:inherit;background:transparent;border:1px solid rgba(128,128,128,.6);border-radius:2px}
 .singlecard-live-view .scn-muted{opacity:.7}
-.singlecard-live-view table{border-collapse:collapse;font-size:11.5px;width:100%}
-.singlecard-live-view th{text-align:left;padding:1px 5px;white-space:nowrap;
- border-bottom:1px solid rgba(128,128,128,.5);cursor:default}
-.singlecard-live-view.scn-js th{cursor:pointer;user-select:none}
-.singlecard-live-view td{padding:1px 5px;font-family:var(--jp-code-font-family,monospace);
- vertical-align:top;border-bottom:1px solid rgba(128,128,128,.15)}
-.singlecard-live-view td.n{text-align:right;white-space:nowrap}
-.singlecard-live-view td.m{max-width:340px;overflow-wrap:anywhere}
-.singlecard-live-view td.w{max-width:260px;font-family:inherit}
-.singlecard-live-view td.s{white-space:nowrap;letter-spacing:-1px}
-.singlecard-live-view td.p{cursor:pointer;opacity:.5;width:1em}
-.singlecard-live-view tr.scn-pinned td.p{opacity:1}
-.singlecard-live-view .scn-toggle{cursor:pointer;display:inline-block;width:1em}
+.singlecard-live-view table.singlecard-live{border-collapse:collapse;font-size:11.5px;
+ table-layout:auto;width:auto;margin:0}
+.singlecard-live-view table.singlecard-live th{text-align:left;padding:1px 6px;
+ white-space:nowrap;border-bottom:1px solid rgba(128,128,128,.5);background:none}
+.singlecard-live-view.scn-js table.singlecard-live th{cursor:pointer;user-select:none}
+.singlecard-live-view table.singlecard-live td{padding:1px 6px;text-align:left;
+ font-family:var(--jp-code-font-family,monospace);vertical-align:top;
+ border-bottom:1px solid rgba(128,128,128,.15)}
+.singlecard-live-view table.singlecard-live td.n{text-align:right;white-space:nowrap}
+.singlecard-live-view table.singlecard-live td.m{min-width:200px;max-width:400px;
+ overflow-wrap:anywhere}
+.singlecard-live-view table.singlecard-live td.w{min-width:150px;max-width:240px;
+ font-family:inherit}
+.singlecard-live-view table.singlecard-live td.s{white-space:nowrap;letter-spacing:-1px}
+.singlecard-live-view table.singlecard-live td.p{cursor:pointer;opacity:.5}
+.singlecard-live-view table.singlecard-live tr.scn-pinned td.p{opacity:1}
+.singlecard-live-view .scn-toggle{cursor:pointer;display:inline-block;width:1.1em}
 .singlecard-live-view .scn-sub{font-size:10.5px;opacity:.7;font-family:inherit}
-.singlecard-live-view tr.scn-t0{background:rgba(230,40,40,.22)}
-.singlecard-live-view tr.scn-t1{background:rgba(230,40,40,.10)}
-.singlecard-live-view tr.scn-t2{background:rgba(255,150,0,.16)}
-.singlecard-live-view tr.scn-t3{background:rgba(255,150,0,.08)}
-.singlecard-live-view tr.scn-t4{background:rgba(128,128,128,.14)}
-.singlecard-live-view tr.scn-member td.m{padding-left:22px}
-.singlecard-live-view td.bad{color:rgb(235,60,60);font-weight:bold}
+.singlecard-live-view table.singlecard-live tbody tr{background:transparent}
+.singlecard-live-view table.singlecard-live tbody tr.scn-t0{background:rgba(230,40,40,.22)}
+.singlecard-live-view table.singlecard-live tbody tr.scn-t1{background:rgba(230,40,40,.10)}
+.singlecard-live-view table.singlecard-live tbody tr.scn-t2{background:rgba(255,150,0,.16)}
+.singlecard-live-view table.singlecard-live tbody tr.scn-t3{background:rgba(255,150,0,.08)}
+.singlecard-live-view table.singlecard-live tbody tr.scn-t4{background:rgba(128,128,128,.14)}
+.singlecard-live-view table.singlecard-live tr.scn-member td.m{padding-left:22px}
+.singlecard-live-view table.singlecard-live td.bad{color:rgb(235,60,60);font-weight:bold}
 """
 
 

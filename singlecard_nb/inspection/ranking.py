@@ -25,6 +25,7 @@ WINDOW = 10  # "recent steps" that growth is measured over
 MOVED = math.log(1.5)  # a statistic that changed by ×1.5 (or ÷1.5) is worth a reason
 OUTLIER_RATIO = 8.0  # absmax this many times its type's median, and far out in MADs
 DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
+GROUP_MIN = 3  # repeated modules collapse from this many on (two Linears are just two rows)
 
 # Tiers, in the order rows are shown.
 NONFINITE, WAS_NONFINITE, MOVING, OUTLIER, DEAD_TIER, QUIET = range(6)
@@ -306,7 +307,7 @@ def _group(rows: list[Row]) -> list[Row]:
     for row in rows:
         key = (_NUMBER.sub("{}", row.path), row.type, str(row.shape))
         members = patterns.get(key, [])
-        if len(members) < 2:
+        if len(members) < GROUP_MIN:
             out.append(row)
         elif key not in placed:
             placed.add(key)

@@ -19,21 +19,26 @@ _NOTHING_YET = (
 SHOWN = ("module", "type", "why", "shape", "absmax", "trend", "std", "mean", "zeros", "nan",
          "inf", "steps", "calls", "dtype", "training")
 _NUMBERS = {"absmax", "std", "mean", "zeros"}
+# Two classes deep, to win over JupyterLab's table rules (fixed layout, striped rows, cells
+# aligned right); tints over the theme's own colours, readable in light and dark themes.
+_T = "table.singlecard-summary.singlecard-nb"
 _STYLE = (
-    "<style>.singlecard-summary{border-collapse:collapse;font-size:11.5px;color:inherit}"
-    ".singlecard-summary th{text-align:left;padding:1px 5px;white-space:nowrap;"
+    f"<style>{_T}{{border-collapse:collapse;font-size:11.5px;color:inherit;"
+    "table-layout:auto;width:auto;margin:0}"
+    f"{_T} th{{text-align:left;padding:1px 5px;white-space:nowrap;background:none;"
     "border-bottom:1px solid rgba(128,128,128,.5)}"
-    ".singlecard-summary td{padding:1px 5px;border-bottom:1px solid rgba(128,128,128,.15);"
+    f"{_T} td{{padding:1px 5px;border-bottom:1px solid rgba(128,128,128,.15);text-align:left;"
     "font-family:var(--jp-code-font-family,monospace);vertical-align:top}"
-    ".singlecard-summary td.n{text-align:right;white-space:nowrap}"
-    ".singlecard-summary td.m{max-width:330px;overflow-wrap:anywhere}"
-    ".singlecard-summary td.w{max-width:240px;font-family:inherit}"
-    ".singlecard-summary td.bad{color:rgb(235,60,60);font-weight:bold}"
-    ".singlecard-summary tr.scn-t0{background:rgba(230,40,40,.22)}"
-    ".singlecard-summary tr.scn-t1{background:rgba(230,40,40,.10)}"
-    ".singlecard-summary tr.scn-t2{background:rgba(255,150,0,.16)}"
-    ".singlecard-summary tr.scn-t3{background:rgba(255,150,0,.08)}"
-    ".singlecard-summary tr.scn-t4{background:rgba(128,128,128,.14)}</style>")
+    f"{_T} td.n{{text-align:right;white-space:nowrap}}"
+    f"{_T} td.m{{min-width:200px;max-width:360px;overflow-wrap:anywhere}}"
+    f"{_T} td.w{{min-width:120px;max-width:220px;font-family:inherit}}"
+    f"{_T} td.bad{{color:rgb(235,60,60);font-weight:bold}}"
+    f"{_T} tbody tr{{background:transparent}}"
+    f"{_T} tbody tr.scn-t0{{background:rgba(230,40,40,.22)}}"
+    f"{_T} tbody tr.scn-t1{{background:rgba(230,40,40,.10)}}"
+    f"{_T} tbody tr.scn-t2{{background:rgba(255,150,0,.16)}}"
+    f"{_T} tbody tr.scn-t3{{background:rgba(255,150,0,.08)}}"
+    f"{_T} tbody tr.scn-t4{{background:rgba(128,128,128,.14)}}</style>")
 
 
 class Summary:
