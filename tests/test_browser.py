@@ -250,6 +250,16 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
                 "worst: transformer.h.9.mlp.", timeout=20_000)
             cells = page.locator(".jp-Cell").count()
 
+            # a group opens into its 12 members, and stays open across an update
+            group = view.locator("tbody tr").first.get_attribute("data-key")
+            toggle = f"tr[data-key='{group}'] .scn-toggle"  # rows may move between updates
+            view.locator(toggle).click()
+            expect(view.locator("tr.scn-member")).to_have_count(12)
+            _next_update(page, view)
+            expect(view.locator("tr.scn-member")).to_have_count(12)
+            view.locator(toggle).click()
+            expect(view.locator("tr.scn-member")).to_have_count(0)
+
             # search (a glob), typed while the cell runs; it survives the next update
             search = view.locator("input.scn-search")
             search.click()

@@ -12,7 +12,7 @@ from gpt_like import GPT, exploding_steps
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import live, ranking
+from singlecard_nb.inspection import formatting, live, ranking
 
 
 def _first_paths(text: str, n: int) -> list[str]:
@@ -52,7 +52,7 @@ def test_an_exploding_layer_leads_the_live_view_and_the_summary(layers, steps, c
     assert f"worst of transformer.h.{{0-{layers - 1}}}.mlp.c_fc, {layers}]" in line
     assert "absmax ×" in line or "std ×" in line
     # the rich view has the same rows in the same order
-    html = view._bundle()["text/html"]
+    html = view._bundle()["text/html"].replace("<wbr>", "")
     assert html.index("transformer.h.{0-") < html.index("transformer.wte")
     assert "live inspection · step" in capsys.readouterr().out  # the script's final table
     summary = repr(insp.summary(top=8)).splitlines()
@@ -123,3 +123,26 @@ def test_repeated_blocks_group_by_numeric_components_and_search_opens_them():
     assert {r.path for r in ranking.search(rows, "linear")} == {*(f"{i}.0" for i in range(6)), "6"}
     assert {r.path for r in ranking.search(rows, "6, 2.0")} == {"2.0", "6"}
     assert ranking._ranges([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"
+
+
+def test_sparklines_in_one_pass_draw_what_one_sparkline_draws():
+    series = [[0, 1, 2, math.nan, math.inf], [3, 3], [], [math.nan], [-1.0, 5.0, 2.0]]
+    assert formatting.sparklines(series) == [formatting.sparkline(s) for s in series]
+    assert formatting.sparkline([0, 1, 2, math.nan, math.inf]) == "▁▅█·!"
+
+
+def test_no_dollar_reaches_mathjax_and_summary_top_n():
+    import re
+
+    model = nn.Sequential()
+    model.add_module("price$", nn.Linear(3, 3))
+    model.add_module("cost$2", nn.Linear(3, 3))
+    with scn.inspect(model) as insp:
+        model(torch.randn(2, 3))
+    summary = insp.summary(top=1)
+    html = summary._repr_html_()
+    assert "$" not in html and ("price&#36;" in html or "cost&#36;2" in html)
+    assert len(summary.frame) == 1 and "… 2 more modules" in repr(summary)
+    view = live.LiveView(insp, shell=None)._bundle()["text/html"]
+    outside_scripts = re.sub(r"<script.*?</script>", "", view, flags=re.S)
+    assert "$" not in outside_scripts and "&#36;" in outside_scripts

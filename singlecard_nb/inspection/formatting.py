@@ -22,6 +22,30 @@ def sparkline(values: Any) -> str:
         else _SPARK[round((v - low) * scale)] for v in values)
 
 
+def sparklines(series: list[list[float]]) -> list[str]:
+    """`sparkline` of many series at once (numpy): what a 1 000-module view draws per update."""
+    import numpy as np
+
+    if not series:
+        return []
+    lengths = [len(s) for s in series]
+    width = max(lengths) or 1
+    values = np.full((len(series), width), np.nan)
+    for i, s in enumerate(series):
+        values[i, :len(s)] = s
+    finite = np.isfinite(values)
+    low = np.where(finite, values, np.inf).min(axis=1, keepdims=True)
+    high = np.where(finite, values, -np.inf).max(axis=1, keepdims=True)
+    span = high - low
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.where(span > 0, (len(_SPARK) - 1) / span, 0.0)
+        levels = np.rint(np.where(finite, (values - low) * scale, 0)).astype(int)
+    chars = np.array(list(_SPARK))[np.clip(levels, 0, len(_SPARK) - 1)]
+    chars[np.isnan(values)] = "·"
+    chars[np.isinf(values)] = "!"
+    return ["".join(row[:n]) for row, n in zip(chars.tolist(), lengths)]
+
+
 def num(value: Any) -> str:
     """3 significant digits, exponents without padding (`1.2e+05` -> `1.2e5`)."""
     try:

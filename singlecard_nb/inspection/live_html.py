@@ -20,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from .formatting import escape, num, shape, sparkline
+from .formatting import escape, num, shape, sparkline, sparklines
 from .ranking import NONFINITE, Row, flatten
 
 SPARK_STEPS = 30  # steps drawn in a row's sparkline
@@ -54,7 +54,7 @@ _STYLE = """
  border-bottom:1px solid rgba(128,128,128,.15)}
 .singlecard-live-view table.singlecard-live td.n{text-align:right;white-space:nowrap}
 .singlecard-live-view table.singlecard-live td.m{min-width:200px;max-width:400px;
- overflow-wrap:anywhere}
+ overflow-wrap:break-word}
 .singlecard-live-view table.singlecard-live td.w{min-width:150px;max-width:240px;
  font-family:inherit}
 .singlecard-live-view table.singlecard-live td.s{white-space:nowrap;letter-spacing:-1px}
@@ -73,12 +73,12 @@ _STYLE = """
 """
 
 
-def _record(row: Row, rank: int) -> list[Any]:
+def _record(row: Row, rank: int, sparks: dict[int, str]) -> list[Any]:
     """One row as the script reads it (positions of COLUMNS from `rank` on, then the rest)."""
     return [rank, row.name, row.path or "(root)", row.type, shape(row.shape), row.why,
             num(row.absmax), num(row.std), num(row.mean), num(row.zeros), row.nan, row.inf,
-            sparkline(row.history[-SPARK_STEPS:]), row.tier, ", ".join(row.same),
-            [_record(m, rank) for m in row.members] if row.is_group else 0]
+            sparks[id(row)], row.tier, ", ".join(row.same),
+            [_record(m, rank, sparks) for m in row.members] if row.is_group else 0]
 
 
 def _cells(row: Row, rank: int) -> str:
@@ -88,7 +88,7 @@ def _cells(row: Row, rank: int) -> str:
         sub.append(f"worst: {escape(row.path)} · {len(row.members)} modules")
     if row.same:
         sub.append("same output: " + escape(", ".join(row.same)))
-    module = escape(row.name) + "".join(f"<div class='scn-sub'>{s}</div>" for s in sub)
+    module = _breakable(row.name) + "".join(f"<div class='scn-sub'>{s}</div>" for s in sub)
     toggle = "<span class='scn-toggle'>▸</span>" if row.is_group else ""
     bad = " bad"
     return (f"<tr class='singlecard-live-row scn-t{row.tier}'>"
@@ -100,6 +100,11 @@ def _cells(row: Row, rank: int) -> str:
             + f"<td class='n{bad if row.nan else ''}'>{row.nan}</td>"
             f"<td class='n{bad if row.inf else ''}'>{row.inf}</td>"
             f"<td class='s'>{sparkline(row.history[-SPARK_STEPS:])}</td></tr>")
+
+
+def _breakable(path: str) -> str:
+    """Escaped, with a line-break opportunity after each dot: long paths wrap between names."""
+    return escape(path).replace(".", ".<wbr>")
 
 
 def render(rows: list[Row], step: Any, modules: int, state: str, view_id: str,
@@ -122,8 +127,10 @@ def render(rows: list[Row], step: Any, modules: int, state: str, view_id: str,
     more = (f"… {len(rows) - top} more rows (search to find one; all in insp.summary())"
             if len(rows) > top else "")
     render_id = f"{view_id}-{next(_renders)}"
+    every = rows + flatten(rows)  # groups and their members: one numpy pass for all sparklines
+    sparks = dict(zip(map(id, every), sparklines([r.history[-SPARK_STEPS:] for r in every])))
     data = {"view": view_id, "top": top, "numeric": [c[2] for c in COLUMNS],
-            "rows": [_record(r, i) for i, r in enumerate(rows, 1)]}
+            "rows": [_record(r, i, sparks) for i, r in enumerate(rows, 1)]}
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_plain)
     payload = payload.replace("</", "<\\/")  # never ends the script element early
     return (f"<div class='singlecard-live-view' data-render='{render_id}'>"
@@ -184,7 +191,7 @@ function cells(r,member){
  var toggle=r[15]&&!member?"<span class='scn-toggle'>"+(open?"▾":"▸")+"</span>":"";
  var h="<tr class='"+ROW+" scn-t"+r[13]+(pinned?" scn-pinned":"")+(member?" scn-member":"")+
   "' data-key='"+esc(key(r))+"'><td class='p' title='pin this row to the top'>"+(pinned?"★":"☆")+
-  "</td><td class='n'>"+r[0]+"</td><td class='m'>"+toggle+esc(member?r[2]:r[1])+
+  "</td><td class='n'>"+r[0]+"</td><td class='m'>"+toggle+esc(member?r[2]:r[1]).replace(/\./g,".<wbr>")+
   sub.map(function(s){return "<div class='scn-sub'>"+s+"</div>";}).join("")+"</td><td>"+esc(r[3])+
   "</td><td>"+esc(r[4])+"</td><td class='w'>"+esc(r[5])+"</td>";
  for(var c=6;c<=9;c++)h+="<td class='n'>"+esc(r[c])+"</td>";

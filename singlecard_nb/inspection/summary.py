@@ -113,6 +113,8 @@ def _html(frame) -> str:
                 cells.append(f"<td class='m'>{escape(value or '(root)')}</td>")
             elif column == "why":
                 cells.append(f"<td class='w'>{escape(value)}</td>")
+            elif column == "trend":
+                cells.append(f"<td class='n'>{escape(value)}</td>")
             elif column == "shape":
                 cells.append(f"<td>{escape(shape(value))}</td>")
             elif column in _NUMBERS:
