@@ -237,7 +237,8 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             context.route("**/*", _only_local)
             page = context.new_page()
-            page.goto(f"{url}/lab/tree/training.ipynb")
+            # a workspace of its own: the quickstart's tabs, open in the default one, stay shut
+            page.goto(f"{url}/lab/workspaces/live/tree/training.ipynb")
             expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first).to_be_visible(
                 timeout=30_000)
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
