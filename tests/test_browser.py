@@ -67,9 +67,11 @@ def _wait_for_server(url: str, process: subprocess.Popen, log: Path, seconds: fl
     raise TimeoutError(f"JupyterLab did not answer {url} in {seconds} s:\n{log.read_text()}")
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab on 127.0.0.1 serving a fresh copy of notebooks/; yields its base URL."""
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 serving a fresh copy of notebooks/, started once for this file's
+    tests; yields (base URL, the folder it serves)."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "notebooks"
     shutil.copytree(ROOT / "notebooks", root)
     settings = tmp_path / "app-settings"
@@ -93,7 +95,7 @@ def lab(tmp_path):
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_for_server(f"{url}/api/status", process, log)
-        yield url
+        yield url, root
     finally:
         # Its own session: the kernels it started go with it.
         os.killpg(process.pid, signal.SIGTERM)
@@ -104,6 +106,11 @@ def lab(tmp_path):
             process.wait()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(log, ARTIFACTS / "jupyterlab.log")
+
+
+@pytest.fixture
+def lab(lab_server):
+    return lab_server[0]
 
 
 def _only_local(route) -> None:
@@ -168,7 +175,7 @@ def test_quickstart_in_a_real_browser(lab):
             # The live inspection view rendered one row per module, and its final state.
             live = page.locator("table.singlecard-live")
             expect(live).to_have_count(1)
-            expect(live.locator("tr.singlecard-live-row")).to_have_count(6)
+            expect(live.locator("tr.singlecard-live-row")).to_have_count(5)  # root folded into "4"
             live_output = page.locator(".jp-OutputArea-output", has=live)
             expect(live_output).to_contain_text("stopped")
             live_output.scroll_into_view_if_needed()
@@ -181,3 +188,117 @@ def test_quickstart_in_a_real_browser(lab):
         finally:
             browser.close()
     assert time.monotonic() - started < 105
+
+
+# --- the live view while a cell trains ------------------------------------------------------
+
+TRAINING_NOTEBOOK = {
+    "cells": [
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+         "source": "import os, time, torch\nimport singlecard_nb as scn\n"
+                   "from gpt_like import GPT\n"
+                   "torch.set_num_threads(1); torch.manual_seed(0)\n"
+                   "model = GPT(n_layer=12)\ninsp = scn.inspect(model)\ninsp.live()"},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+         # h.9.mlp.c_fc grows 5 % a step until the test writes `stop`
+         "source": "fc = model.transformer.h[9].mlp.c_fc\nwith insp:\n"
+                   "    for step in range(2000):\n"
+                   "        with torch.no_grad():\n            fc.weight.mul_(1.05)\n"
+                   "        model(torch.randint(0, 64, (2, 8)))\n        time.sleep(0.02)\n"
+                   "        if os.path.exists('stop'):\n            break"},
+    ],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def _rows(view) -> list[str]:
+    return view.locator("tbody tr.singlecard-live-row").all_inner_texts()
+
+
+def _next_update(page, view) -> None:
+    """Wait until the kernel redraws the view (its "updated" time or step changes)."""
+    from playwright.sync_api import expect
+
+    head = view.locator(".scn-head").inner_text()
+    expect(page.locator(".singlecard-live-view .scn-head").first).not_to_have_text(
+        head, timeout=10_000)
+
+
+def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(lab_server):
+    """Kernel busy: every interaction happens in the page, and survives the view's updates."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root = lab_server
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (root / "training.ipynb").write_text(json.dumps(TRAINING_NOTEBOOK))
+    shutil.copy(Path(__file__).with_name("gpt_like.py"), root / "gpt_like.py")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.route("**/*", _only_local)
+            page = context.new_page()
+            # a workspace of its own: the quickstart's tabs, open in the default one, stay shut
+            page.goto(f"{url}/lab/workspaces/live/tree/training.ipynb")
+            expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first).to_be_visible(
+                timeout=30_000)
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+            view = page.locator(".singlecard-live-view")
+            expect(view).to_contain_text("recording", timeout=60_000)
+            expect(page.locator(".jp-StatusBar-Widget", has_text="| Busy").first).to_be_visible()
+            # the ranking puts the growing layer's group first, named by its worst member
+            expect(view.locator("tbody tr").first).to_contain_text(
+                "worst: transformer.h.9.mlp.", timeout=20_000)
+            cells = page.locator(".jp-Cell").count()
+
+            # a group opens into its 12 members, and stays open across an update
+            group = view.locator("tbody tr").first.get_attribute("data-key")
+            toggle = f"tr[data-key='{group}'] .scn-toggle"  # rows may move between updates
+            view.locator(toggle).click()
+            expect(view.locator("tr.scn-member")).to_have_count(12)
+            _next_update(page, view)
+            expect(view.locator("tr.scn-member")).to_have_count(12)
+            view.locator(toggle).click()
+            expect(view.locator("tr.scn-member")).to_have_count(0)
+
+            # search (a glob), typed while the cell runs; it survives the next update
+            search = view.locator("input.scn-search")
+            search.click()
+            page.keyboard.type("*ln_1")  # keys go to the box, not to notebook shortcuts
+            expect(view.locator("tbody tr.singlecard-live-row")).to_have_count(12)
+            _next_update(page, view)
+            expect(view.locator("input.scn-search")).to_have_value("*ln_1")
+            assert all("ln_1" in row for row in _rows(view)) and len(_rows(view)) == 12
+            assert page.locator(".jp-Cell").count() == cells
+
+            # sort by absmax (largest first), then pin a row: both survive an update
+            view.locator("input.scn-search").fill("")
+            view.locator("th", has_text=re.compile(r"^absmax$")).click()
+            _next_update(page, view)
+            expect(view.locator("th", has_text="absmax ▼")).to_have_count(1)
+            values = view.locator("tbody tr.singlecard-live-row td:nth-child(7)").all_inner_texts()
+            numbers = [float(v) for v in values]
+            assert numbers == sorted(numbers, reverse=True)
+            view.locator("tbody tr.singlecard-live-row", has_text="transformer.ln_f").locator(
+                "td.p").click()
+            _next_update(page, view)
+            expect(view.locator("tbody tr").first).to_contain_text("transformer.ln_f")
+            expect(view.locator("tbody tr").first.locator("td.p")).to_have_text("★")
+            view.locator("input.scn-search").fill("")  # the whole ranked view (docs/live-view*.png are these, copied)
+            view.screenshot(path=str(ARTIFACTS / "live-view.png"))
+
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Settings$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).hover()
+            page.get_by_role("menuitem", name="JupyterLab Dark", exact=True).click()
+            expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1,
+                                                                                 timeout=10_000)
+            _next_update(page, view)
+            view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
+
+            (root / "stop").write_text("")
+            expect(view).to_contain_text("stopped", timeout=20_000)
+        finally:
+            browser.close()

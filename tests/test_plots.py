@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import nn  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import plots  # noqa: E402
+from singlecard_nb.inspection import hist_plots, plots  # noqa: E402
 
 
 class Skipper(nn.Module):
@@ -95,18 +95,64 @@ def test_histograms_per_module_merge_bins_exactly_and_name_what_is_missing():
     insp = _recorded(nan_step=None, hist=["first", "extra"], hist_bins=64)
     fig = insp.hist()
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["first", "extra"]
+    assert titles == ["first", "per step", "extra", "per step"]  # each: latest, then per step
     counts, _ = insp.histograms()["first"]
-    coarse = plots.histograms(insp, modules=["fir*"], bins=16)
+    coarse = hist_plots.histograms(insp, modules=["fir*"], bins=16)
     (bars,) = [p for p in coarse.axes[0].patches]
     assert len(bars.get_path().vertices) > 0
-    merged, edges = plots._rebin(counts, np.linspace(0, 1, 65), 16)
+    merged, edges = hist_plots._rebin(counts, np.linspace(0, 1, 65), 16)
     assert len(merged) == 16 and merged.sum() == counts.sum() and len(edges) == 17
     with pytest.raises(ValueError, match="modules with histograms: 'first', 'extra'"):
-        plots.histograms(insp, modules=["decoder.*"])
+        hist_plots.histograms(insp, modules=["decoder.*"])
 
 
 def test_histograms_without_any_requested_say_how_to_ask():
     insp = _recorded(nan_step=None)
     fig = insp.hist()
     assert "hist=" in fig.axes[0].texts[0].get_text()
+
+
+def test_histograms_over_steps_and_a_note_where_values_were_nan():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8))
+    with scn.inspect(model, hist=["0", "1"]) as insp:
+        for step in range(5):
+            x = torch.randn(16, 4) * (1 + step)
+            if step == 4:
+                x[:] = float("nan")  # every value of the last step is NaN
+            model(x)
+    fig = insp.hist()
+    assert [len(kept) for kept in insp.histograms(steps=True).values()] == [5, 5]
+    latest, per_step = fig.axes[0], fig.axes[1]
+    assert latest.get_title() == "0"
+    # the last step had no finite value: said, not two empty axes
+    assert "no finite values to count" in latest.texts[0].get_text()
+    assert "NaN ×128 not counted" in latest.texts[0].get_text()
+    (image,) = per_step.get_images()
+    assert image.get_array().shape == (5, 64)
+    assert "NaN/Inf in that step" in per_step.get_title()
+    assert [t.get_text() for t in per_step.get_yticklabels()][-1] == "4"
+
+
+def test_heatmap_at_scale_labels_every_row_folds_containers_and_has_a_block_panel():
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(30)]
+    model = nn.Sequential(*blocks)
+    with scn.inspect(model) as insp:
+        for _ in range(4):
+            with torch.no_grad():
+                model[17][0].weight.mul_(1.5)
+            model(torch.randn(2, 8))
+    fig = insp.plot(top=10)
+    ax, grid = fig.axes[0], fig.axes[1]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 10 == ax.get_images()[0].get_array().shape[0]  # every row labelled
+    assert "17.0 · Linear" in labels
+    assert not any(label.startswith("(root)") for label in labels)  # root == 29.1: folded
+    # the block panel: 30 blocks as rows, the module kinds as columns (containers folded)
+    assert [t.get_text() for t in grid.get_xticklabels()] == ["0", "1"]
+    assert len(grid.get_yticklabels()) == 30
+    rel = insp.plot(relative=True, top=10)
+    values = rel.axes[0].get_images()[0].get_array()
+    assert np.allclose(values[:, 0], 1.0)  # each row ÷ its own first step
+    assert "÷ first step" in rel.axes[0].get_title()

@@ -255,7 +255,7 @@ def test_live_view_in_a_script_prints_the_final_table(monkeypatch, capsys):
         for _ in range(3):
             model(torch.randn(5, 8))
     out = capsys.readouterr().out
-    assert out.startswith("live inspection · step 2 · 4 modules") and out.count("(5, 16)") == 2
+    assert out.startswith("live inspection · step 2 · 4 modules") and out.count("5×16") == 2
 
 
 def test_helpers():
@@ -317,8 +317,8 @@ def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
     final = handle.bundles[-1]
     assert "step 59" in final["text/html"] and "stopped" in final["text/html"]
     assert "step 59" in final["text/plain"]
-    assert final["text/html"].count("class='singlecard-live-row'") == 4
-    assert "(16)" not in final["text/html"] and "(5, 16)" in final["text/html"]
+    assert final["text/html"].count("<tr class='singlecard-live-row") == 3
+    assert ">16<" not in final["text/html"] and ">5×16<" in final["text/html"]
     # the NaN of step 55 is gone by step 59, but its history shows in the sparkline ("·")
     assert "·" in final["text/html"]
     assert insp._store.listeners == []  # the listener went away with the inspector
@@ -335,7 +335,7 @@ def test_live_view_highlights_nan_modules(shown):
     insp.stop()
     final = shown[0].bundles[-1]["text/html"]
     assert "NaN/Inf in 2 module(s)" in final  # layer 2 and the model's own output
-    assert "background:#fdd" in final
+    assert "singlecard-live-row scn-t0" in final
     assert final.index("<code>2</code>") < final.index("<code>(root)</code>")
 
 

@@ -234,14 +234,16 @@ class Inspector:
                 step.setdefault(path, record.values[row, column])
         return pd.DataFrame(series)
 
-    def histograms(self) -> dict[str, tuple[Any, Any]]:
-        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`."""
+    def histograms(self, steps: bool = False) -> dict[str, Any]:
+        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`;
+        with `steps=True`, the recent steps' ones: a list of (step, counts, edges) per module."""
         self._recorder.flush()
-        return self._store.latest_histograms()
+        return self._store.histogram_steps() if steps else self._store.latest_histograms()
 
-    def summary(self) -> Summary:
-        """Per-module aggregate over steps; renders as a table in notebooks."""
-        return Summary(self)
+    def summary(self, top: int | None = None) -> Summary:
+        """Per-module aggregate over steps, most changed first (the live view's order); renders
+        as a table in notebooks. top: only the first `top` modules."""
+        return Summary(self, top)
 
     def memory(self, optimizer=None):
         """memory=True: what each module holds (parameters, gradients, optimizer state, and of
@@ -271,12 +273,14 @@ class Inspector:
 
         return live_view(self)
 
-    def plot(self, stat: str = "absmax", training: bool | None = None):
+    def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
+             top: int = 40):
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
-        marked. training: True or False keeps only rows in that mode."""
+        marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
+        first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
         from .plots import heatmap
 
-        return heatmap(self, stat, training=training)
+        return heatmap(self, stat, training=training, relative=relative, top=top)
 
     def hist(self, modules=None, bins: int | None = None):
         """Histograms of activation values of `modules` (globs), computed on the device.
@@ -285,7 +289,7 @@ class Inspector:
         on, for any `modules` asked for here; no activation is kept for them. On a GPU each
         histogram reads its range back once (torch.histc), so ask only for the modules you need.
         """
-        from .plots import histograms
+        from .hist_plots import histograms
 
         patterns = globs(modules) or []
         added = track_histograms(self._calls.targets, patterns)

@@ -9,32 +9,18 @@ of an Inspector, and the engine may not import the notebook layer above it.
 from __future__ import annotations
 
 import html
+import itertools
 import math
 import time
 from typing import Any
 
 from .. import borrow
+from . import live_html, ranking
+from .formatting import num as _num
+from .formatting import shape, sparkline  # noqa: F401  (sparkline: the view's, for scripts)
+from .ranking import Row
 
-_SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: Any) -> str:
-    """Unicode sparkline scaled to the series' own range; NaN shown as `·`."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "·" * len(values)
-    low, high = min(finite), max(finite)
-    span = high - low
-    chars = []
-    for v in values:
-        if v is None or math.isnan(v):
-            chars.append("·")
-        elif math.isinf(v):
-            chars.append("!")
-        else:
-            level = 0 if span == 0 else round((v - low) / span * (len(_SPARK) - 1))
-            chars.append(_SPARK[level])
-    return "".join(chars)
+_views = itertools.count(1)
 
 
 def _current_shell() -> Any:
@@ -50,23 +36,25 @@ def display(*args: Any, **kwargs: Any) -> Any:
     return ipython_display(*args, **kwargs)
 
 
-_MAX_ROWS = 40
-_HISTORY = 30
-_STATS = ("mean", "std", "min", "max", "absmax")
+TOP = 40  # rows drawn before a search: the ranked head of a 5 000-module model
+# Drawing may take this share of the time between drawings at most (slow draws back off).
+_DRAW_SHARE = 0.04
 
 
 class LiveView:
     """One HTML output that follows an Inspector while it records, updated in place.
 
-    Updates are throttled to at most `max_rate` per second and never take more than about a
-    tenth of the time between them; the last state is drawn when the cell ends and when the
+    Updates are throttled to at most `max_rate` per second and never take more than 4 % of the
+    time between them; the last state is drawn when the cell ends and when the
     inspector stops, and stays in the saved notebook.
     """
 
-    def __init__(self, insp: Any, max_rate: float = 4.0, history_stat: str = "absmax",
-                 shell: Any = None):
+    def __init__(self, insp: Any, max_rate: float = 4.0, top: int = TOP, shell: Any = None):
         self.insp = insp
-        self.history_stat = history_stat
+        self.top = top
+        self._tracks = ranking.Tracks()
+        # Names this view's state (search, sort, pins) in the page across its updates.
+        self._view_id = f"scn-live-{next(_views)}-{id(self):x}"
         self.min_interval = 1.0 / max_rate
         self._interval = self.min_interval
         self._last_render = -math.inf
@@ -149,7 +137,7 @@ class LiveView:
         except Exception as e:  # drawing must never break the training loop
             self.error = f"{type(e).__name__}: {e}"
             bundle = {"text/plain": f"live view failed: {self.error}",
-                      "text/html": f"<pre style='color:#c00'>live view failed: "
+                      "text/html": f"<pre style='color:#d33'>live view failed: "
                                    f"{html.escape(self.error)}</pre>"}
         finally:
             self._rendering = False
@@ -161,147 +149,59 @@ class LiveView:
         self.renders += 1
         finished = time.perf_counter()
         self._last_render = finished
-        # Back off when drawing is slow (thousands of modules): keep it near 10 % of the time.
-        self._interval = max(self.min_interval, 10 * (finished - started))
+        # Back off when drawing is slow (thousands of modules): a bounded share of the time.
+        self._interval = max(self.min_interval, (finished - started) / _DRAW_SHARE)
 
     # --- content ------------------------------------------------------------------------
-    def _rows(self) -> list[dict[str, Any]]:
-        """One dict per module from the last recorded step's outputs."""
-        # history() first: it flushes a pending step, so last_step() then matches it
-        history = _history_tail(self.insp, self.history_stat)
-        last = self.insp.last_step()
-        if last is None or last.empty:
-            return []
-        outputs = last[last["io"] == "output"]
-        # Plain Python over records: a pandas groupby per draw costs ~0.2 ms per module.
-        by_module: dict[str, dict[str, Any]] = {}
-        for rec in outputs.to_dict("records"):
-            row = by_module.get(rec["module"])
-            nan, inf = _count(rec["nan"]), _count(rec["inf"])
-            if row is None:  # the first output tensor of the module's first call
-                by_module[rec["module"]] = {
-                    "module": rec["module"], "type": rec["type"], "shape": rec["shape"],
-                    "dtype": str(rec["dtype"]), "nan": nan, "inf": inf, "tensors": 1,
-                    "spark": sparkline(history.get(rec["module"], [])),
-                    **{stat: rec[stat] for stat in _STATS}}
-            else:
-                row["nan"] += nan
-                row["inf"] += inf
-                row["tensors"] += 1
-                row["absmax"] = _nanmax(row["absmax"], rec["absmax"])
-        rows = list(by_module.values())
-        # Non-finite modules first, so a NaN is visible even in a 5 000-module model.
-        rows.sort(key=lambda r: 0 if (r["nan"] or r["inf"]) else 1)
-        return rows
+    def rows(self, search: str | None = None) -> list[Row]:
+        """The rows shown, in the view's order (groups collapsed); with `search`, the modules
+        matching it (path or type, substring or glob), ungrouped."""
+        # The store's records, read once each: a draw costs the steps since the last draw.
+        # (A sibling's parts, read as the heatmap reads history(): flush the pending step first.)
+        self.insp._recorder.flush()
+        self._tracks.feed(self.insp._store.snapshot())
+        rows = ranking.rank(self._tracks)
+        return ranking.search(rows, search) if search else rows
 
     def _step(self) -> Any:
-        last = self.insp.last_step()
-        return None if last is None or last.empty else int(last["step"].max())
+        return self._tracks.last_step
+
+    def _state(self) -> str:
+        return "recording" if getattr(self.insp, "active", False) else "stopped"
 
     def _bundle(self) -> dict[str, str]:
-        rows = self._rows()
-        return {"text/plain": self._text(rows), "text/html": self._html(rows)}
+        rows = self.rows()
+        step, modules = self._step(), len(self._tracks.by_path)
+        return {"text/plain": self._text(rows),
+                "text/html": live_html.render(rows, step, modules, self._state(),
+                                              view_id=self._view_id, top=self.top)}
 
-    def _html(self, rows: list[dict[str, Any]]) -> str:
+    def _text(self, rows: list[Row] | None = None) -> str:
+        rows = self.rows() if rows is None else rows
         step = self._step()
-        state = "recording" if getattr(self.insp, "active", False) else "stopped"
-        bad = [r for r in rows if r["nan"] or r["inf"]]
-        head = (f"<div style='font-size:12px;margin-bottom:2px'><b>live inspection</b> · "
-                f"step {'–' if step is None else step} · {len(rows)} modules · {state}"
-                f" · updated {time.strftime('%H:%M:%S')}</div>")
-        if bad:
-            names = ", ".join(f"<code>{html.escape(r['module'] or '(root)')}</code>"
-                              for r in bad[:5])
-            head += (f"<div style='color:#fff;background:#c00;padding:2px 6px;font-size:12px'>"
-                     f"NaN/Inf in {len(bad)} module(s): {names}</div>")
-        if not rows:
-            return head + "<div style='font-size:12px;color:#777'>no step recorded yet</div>"
-        cell = "style='padding:1px 6px;text-align:right;font-family:monospace'"
-        left = "style='padding:1px 6px;text-align:left;font-family:monospace'"
-        columns = ("module", "type", "shape", *_STATS, "nan", "inf",
-                   f"{self.history_stat} (last {_HISTORY})")
-        th = "".join(f"<th {left}>{c}</th>" for c in columns)
-        body = []
-        for r in rows[:_MAX_ROWS]:
-            hot = r["nan"] or r["inf"]
-            style = " style='background:#fdd'" if hot else ""
-            stats = "".join(f"<td {cell}>{_num(r[s])}</td>" for s in _STATS)
-            flag = "style='padding:1px 6px;text-align:right;font-family:monospace;color:#c00;font-weight:bold'"
-            body.append(
-                f"<tr class='singlecard-live-row'{style}>"
-                f"<td {left}>{html.escape(r['module'] or '(root)')}</td>"
-                f"<td {left}>{html.escape(str(r['type']))}</td>"
-                f"<td {left}>{html.escape(_shape(r['shape']))}</td>{stats}"
-                f"<td {flag if r['nan'] else cell}>{r['nan']}</td>"
-                f"<td {flag if r['inf'] else cell}>{r['inf']}</td>"
-                f"<td {left}>{html.escape(r['spark'])}</td></tr>")
-        more = ""
-        if len(rows) > _MAX_ROWS:
-            more = (f"<div style='font-size:11px;color:#777'>… {len(rows) - _MAX_ROWS} more "
-                    "modules (all in insp.frame())</div>")
-        return (head + "<table class='singlecard-live' style='border-collapse:collapse;"
-                f"font-size:11px'><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody>"
-                f"</table>{more}")
-
-    def _text(self, rows: list[dict[str, Any]] | None = None) -> str:
-        rows = self._rows() if rows is None else rows
-        step = self._step()
-        lines = [f"live inspection · step {'-' if step is None else step} · {len(rows)} modules"]
-        for r in rows[:_MAX_ROWS]:
-            flag = f"  NaN={r['nan']} Inf={r['inf']}" if (r["nan"] or r["inf"]) else ""
-            lines.append(f"  {(r['module'] or '(root)'):<30} {_shape(r['shape']):<18} "
-                         f"absmax={_num(r['absmax']):<10} {r['spark']}{flag}")
-        if len(rows) > _MAX_ROWS:
-            lines.append(f"  … {len(rows) - _MAX_ROWS} more modules")
-        return "\n".join(lines)
+        head = (f"live inspection · step {'-' if step is None else step} · "
+                f"{len(self._tracks.by_path)} modules · {self._state()}")
+        return text_table(rows, head, self.top)
 
 
-def _history_tail(insp: Any, stat: str) -> dict[str, list[float]]:
-    table = insp.history(stat, "output")
-    if table is None or table.empty:
-        return {}
-    tail = table.iloc[:, -_HISTORY:]
-    return {str(module): [float(v) for v in values] for module, values in zip(tail.index, tail.to_numpy())}
+def text_table(rows: list[Row], head: str, top: int) -> str:
+    """The rows as text, one line each, in the order the rich view shows them: rank, the full
+    module path (a group names its worst member, then its pattern), why, the latest absmax."""
+    lines = [head]
+    width = min(48, max([len(r.path or "(root)") for r in rows[:top]] + [6]))
+    for i, r in enumerate(rows[:top], 1):
+        group = f"  [worst of {r.label}, {len(r.members)}]" if r.is_group else ""
+        why = f"  {r.why}" if r.why else ""
+        lines.append(f"{i:>3} {(r.path or '(root)'):<{width}} {shape(r.shape):<14} "
+                     f"absmax={_num(r.absmax):<9}{why}{group}")
+    if len(rows) > top:
+        lines.append(f"  … {len(rows) - top} more rows")
+    return "\n".join(lines)
 
 
-def _count(value: Any) -> int:
-    try:
-        return 0 if value is None or math.isnan(value) else int(value)
-    except TypeError:
-        return 0
-
-
-def _nanmax(a: Any, b: Any) -> Any:
-    """max that lets NaN win: a NaN absmax is exactly what the view must not hide."""
-    try:
-        if math.isnan(a) or math.isnan(b):
-            return math.nan
-        return max(a, b)
-    except TypeError:
-        return a if b is None else b
-
-
-def _num(value: Any) -> str:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return "" if value is None else str(value)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.3g}"
-
-
-def _shape(shape: Any) -> str:
-    if isinstance(shape, (tuple, list)):
-        return "(" + ", ".join(str(s) for s in shape) + ")"
-    return str(shape)
-
-
-def live_view(insp: Any, max_rate: float = 4.0, history_stat: str = "absmax") -> LiveView:
+def live_view(insp: Any, max_rate: float = 4.0, top: int = TOP) -> LiveView:
     """Display a view of `insp` that updates in place while it records; returns the view.
 
-    max_rate: most updates per second. history_stat: the statistic drawn as a sparkline.
+    max_rate: most updates per second. top: rows drawn before a search narrows them.
     """
-    return LiveView(insp, max_rate=max_rate, history_stat=history_stat).attach()
+    return LiveView(insp, max_rate=max_rate, top=top).attach()

@@ -1,4 +1,4 @@
-"""Matplotlib figures: an Inspector's module × step heatmap and activation histograms, and a
+"""Matplotlib figures: an Inspector's module × step heatmap (histograms: `hist_plots.py`), and a
 comparison's divergence per module.
 
 Every figure is made by `new_figure`: through pyplot (so the notebook's inline backend knows how
@@ -7,10 +7,10 @@ to render it) and closed at once, so it shows exactly once: as the value returne
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from typing import Any
 
+from . import ranking
 from .alignment import COMPARED
 
 # Statistics that are never negative and often span decades: a log colour scale keeps a layer
@@ -48,13 +48,18 @@ def message_figure(message: str) -> Any:
 
 
 def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
-            training: bool | None = None) -> Any:
+            training: bool | None = None, relative: bool = False, top: int = 40) -> Any:
     """Module × step heatmap of one statistic of the recorded outputs; returns a Figure.
 
     stat: a statistic column of `insp.frame()` (absmax, std, mean, min, max, zeros, nan, inf).
     Cells whose statistic is NaN or ±Inf are drawn red: that is where non-finite values are.
     Steps run in eval mode (every module's .training False) are marked with an orange ▼.
     training: True or False keeps only rows recorded in that mode.
+    relative: each row divided by its own first step (×1 white, growth red, shrinking blue).
+    top: at most this many rows, each labelled: the modules that changed most (`ranking.py`,
+        one per repeated group), in execution order. Containers whose output is a child's
+        (the same values at every step) are folded into that child. A model of repeated blocks
+        also gets a block × module-kind panel of the latest step, blocks aligned as rows.
     """
     import matplotlib
     import numpy as np
@@ -66,27 +71,39 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     frame = insp.frame()
     if training is not None:
         frame = frame[frame["training"] == training]
+    table = full = _fold_repeats(table)
+    total = len(table)
+    if total > top:
+        table = table.loc[_most_changed(frame, table, io, top)]
     values = table.to_numpy(dtype=float)
+    if relative:
+        values = _relative(values)
     finite = np.isfinite(values)
     # A NaN cell is either "the statistic was NaN" (red) or "the module did not run in that
     # step" (blank); only the frame's nan/inf counts can tell them apart.
-    bad = np.isinf(values) | _nonfinite_cells(frame, table, io)
+    bad = np.isinf(table.to_numpy(dtype=float)) | _nonfinite_cells(frame, table, io)
     masked = np.ma.masked_where(~finite, values)
 
     rows, cols = values.shape
-    fig, ax = new_figure(min(6 + 0.05 * cols, 10), min(max(1.4 + 0.28 * rows, 2.6), 14))
+    blocks = _blocks(list(full.index))
+    width = min(6 + 0.05 * cols, 10) + (4.5 if blocks else 0)
+    height = min(max(1.4 + 0.2 * rows, 2.6), 14)
+    if blocks:
+        height = min(max(height, 1.4 + 0.13 * len(blocks[1])), 14)
+        fig, axes = new_figure(width, height, grid=(1, 2))
+        ax, grid_ax = axes[0]
+    else:
+        fig, ax = new_figure(width, height)
     # blank: a step in which the module did not run
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
-    norm = None
-    shown = values[finite]
-    if stat in _LOG_FRIENDLY and shown.size and shown.min() > 0 and shown.max() / shown.min() > 100:
-        norm = colors.LogNorm(vmin=shown.min(), vmax=shown.max())
+    cmap = matplotlib.colormaps["coolwarm" if relative else "viridis"].with_extremes(bad="white")
+    norm = _norm(values[finite], stat, relative)
     image = ax.imshow(masked, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
     if bad.any():
         overlay = np.ma.masked_where(~bad, np.ones_like(values))
         ax.imshow(overlay, aspect="auto", interpolation="nearest",
                   cmap=colors.ListedColormap([_BAD_COLOUR]), vmin=0, vmax=1)
-    fig.colorbar(image, ax=ax, label=stat + (" (log scale)" if norm is not None else ""),
+    label = f"{stat} ÷ its first step" if relative else stat
+    fig.colorbar(image, ax=ax, label=label + (" (log scale)" if norm is not None else ""),
                  fraction=0.04, pad=0.02)
 
     # Columns are recorded steps (0, N, 2N... with every=N): label positions with step numbers.
@@ -96,10 +113,11 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
         lambda x, _: str(steps[int(x)]) if 0 <= int(x) < len(steps) and x == int(x) else ""))
     types = _module_types(frame)
     labels = [_label(str(m)) + (f" · {types[m]}" if m in types else "") for m in table.index]
-    positions = _tick_positions(rows, 60)
-    ax.set_yticks(positions, [labels[i] for i in positions], fontsize=8)
+    ax.set_yticks(range(rows), labels, fontsize=8 if rows <= 40 else 6)  # every row labelled
     ax.set_xlabel("step")
-    title = f"{stat} of module {io}s per step"
+    title = f"{stat} of module {io}s per step" + (" ÷ first step" if relative else "")
+    if total > rows:
+        title += f"\n{rows} of {total} modules: those that changed most, in execution order"
     eval_columns = _eval_columns(frame, steps)
     if eval_columns and len(eval_columns) < len(steps):
         ax.plot(eval_columns, [1.0] * len(eval_columns), "v", color=_EVAL_COLOUR, markersize=5,
@@ -108,7 +126,139 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     if bad.any():
         title += "  (red: NaN/Inf)"
     ax.set_title(title, fontsize=10)
+    if blocks:
+        _block_panel(grid_ax, fig, full, blocks, stat, relative, frame, io)
     return fig
+
+
+def _fold_repeats(table: Any) -> Any:
+    """Drop a row equal at every step to an earlier row inside it or beside it (a container
+    returning its child's output, an identity layer): one row per distinct series."""
+    import numpy as np
+
+    keep, seen = [], {}
+    for module, row in zip(table.index, table.to_numpy(dtype=float)):
+        key = np.nan_to_num(row, nan=-7.77e-300).tobytes()
+        earlier = seen.get(key, [])
+        if any(_inside_or_beside(e, str(module)) for e in earlier):
+            continue
+        earlier.append(str(module))
+        seen[key] = earlier
+        keep.append(module)
+    return table.loc[keep]
+
+
+def _inside_or_beside(inner: str, outer: str) -> bool:
+    if outer == "" or inner.startswith(outer + "."):
+        return True
+    return inner.rpartition(".")[0] == outer.rpartition(".")[0]
+
+
+def _most_changed(frame: Any, table: Any, io: str, top: int) -> list:
+    """The `top` modules of `table` that changed most (the worst of each repeated group
+    first), in the table's (execution) order."""
+    wanted: list[str] = []
+    if io == "output":
+        rows = ranking.rank(ranking.Tracks.from_frame(frame), fold=False)
+        present = set(map(str, table.index))
+        for row in rows:
+            for member in (row.members or [row]):
+                if member.path in present:
+                    wanted.append(member.path)
+                    break
+        for row in ranking.flatten(rows):  # then the groups' other members, by rank
+            if row.path in present and row.path not in wanted:
+                wanted.append(row.path)
+    wanted += [str(m) for m in table.index if str(m) not in wanted]
+    chosen = set(wanted[:top])
+    return [m for m in table.index if str(m) in chosen]
+
+
+def _relative(values: Any) -> Any:
+    """Each row divided by its first finite, non-zero value."""
+    import numpy as np
+
+    out = np.full_like(values, np.nan)
+    for i, row in enumerate(values):
+        base = row[np.isfinite(row) & (row != 0)]
+        if base.size:
+            out[i] = row / base[0]
+    return out
+
+
+def _norm(shown: Any, stat: str, relative: bool) -> Any:
+    from matplotlib import colors
+
+    if relative:
+        positive = shown[shown > 0]
+        if not positive.size:
+            return None
+        spread = max(float(positive.max()), 1 / float(positive.min()), 1.01)
+        return colors.LogNorm(vmin=1 / spread, vmax=spread)  # ×1 in the middle
+    if stat in _LOG_FRIENDLY and shown.size and shown.min() > 0 and shown.max() / shown.min() > 100:
+        return colors.LogNorm(vmin=shown.min(), vmax=shown.max())
+    return None
+
+
+def _blocks(paths: list) -> tuple[str, list[int], list[str]] | None:
+    """Repeated blocks among module paths: (prefix, block numbers, kinds) for the prefix with
+    the most numbered children (`transformer.h`, 12 blocks, ["ln_1", "attn.c_attn", …])."""
+    found: dict[str, dict[int, list[str]]] = {}
+    for path in map(str, paths):
+        parts = path.split(".")
+        for i, part in enumerate(parts):
+            if part.isdigit():
+                kinds = found.setdefault(".".join(parts[:i]), {}).setdefault(int(part), [])
+                kinds.append(".".join(parts[i + 1:]) or "(block)")
+                break
+    if not found:
+        return None
+    prefix, members = max(found.items(), key=lambda item: len(item[1]))
+    if len(members) < 4:
+        return None
+    kinds = list(dict.fromkeys(k for ks in members.values() for k in ks))
+    return prefix, sorted(members), kinds
+
+
+def _block_panel(ax: Any, fig: Any, table: Any, blocks: tuple, stat: str, relative: bool,
+                 frame: Any, io: str) -> None:
+    """Blocks as rows, module kinds as columns: the latest step's `stat` (or latest ÷ first)."""
+    import matplotlib
+    import numpy as np
+    from matplotlib import colors
+
+    prefix, numbers, kinds = blocks
+    last = table.iloc[:, -1]
+    first = table.apply(lambda r: next((v for v in r if v == v and v != 0), np.nan), axis=1)
+    grid = np.full((len(numbers), len(kinds)), np.nan)
+    red = np.zeros_like(grid, dtype=bool)
+    step = table.columns[-1]
+    flagged = set()
+    if frame is not None and not frame.empty:
+        rows = frame[(frame["io"] == io) & (frame["step"] == step)]
+        flagged = set(rows.loc[(rows["nan"].fillna(0) + rows["inf"].fillna(0)).gt(0), "module"])
+    for i, n in enumerate(numbers):
+        for j, kind in enumerate(kinds):
+            path = f"{prefix}.{n}" if prefix else str(n)
+            path = path if kind == "(block)" else f"{path}.{kind}"
+            if path in last.index:
+                grid[i, j] = last[path] / first[path] if relative else last[path]
+                red[i, j] = path in flagged or not np.isfinite(last[path])
+    finite = np.isfinite(grid)
+    cmap = matplotlib.colormaps["coolwarm" if relative else "viridis"].with_extremes(bad="white")
+    norm = _norm(grid[finite], stat, relative)
+    image = ax.imshow(np.ma.masked_where(~finite, grid), aspect="auto", interpolation="nearest",
+                      cmap=cmap, norm=norm)
+    if red.any():
+        ax.imshow(np.ma.masked_where(~red, np.ones_like(grid)), aspect="auto",
+                  interpolation="nearest", cmap=colors.ListedColormap([_BAD_COLOUR]), vmin=0,
+                  vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+    ax.set_yticks(range(len(numbers)), [f"{prefix}.{n}" if prefix else str(n) for n in numbers],
+                  fontsize=8 if len(numbers) <= 40 else 5)
+    ax.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right", fontsize=7)
+    what = f"{stat} ÷ first step" if relative else stat
+    ax.set_title(f"{what} at step {step}, block × module", fontsize=10)
 
 
 def _eval_columns(frame: Any, steps: list) -> list[int]:
@@ -136,69 +286,6 @@ def _nonfinite_cells(frame: Any, table: Any, io: str) -> Any:
     per_cell = flagged.groupby([rows["module"], rows["step"]]).any().unstack(fill_value=False)
     per_cell = per_cell.reindex(index=table.index, columns=table.columns, fill_value=False)
     return per_cell.fillna(False).to_numpy(dtype=bool)
-
-
-def _tick_positions(n: int, most: int) -> list[int]:
-    step = max(1, math.ceil(n / most))
-    return list(range(0, n, step))
-
-
-def _rebin(counts: Any, edges: Any, bins: int) -> tuple[Any, Any]:
-    """Merge adjacent bins so there are at most `bins` (exact: counts are summed)."""
-    import numpy as np
-
-    counts = np.asarray(counts, dtype=float)
-    edges = np.asarray(edges, dtype=float)
-    group = max(1, math.ceil(len(counts) / max(1, bins)))
-    if group == 1:
-        return counts, edges
-    pad = (-len(counts)) % group
-    padded = np.concatenate([counts, np.zeros(pad)])
-    merged = padded.reshape(-1, group).sum(axis=1)
-    merged_edges = np.concatenate([edges[:-1][::group], edges[-1:]])
-    return merged, merged_edges
-
-
-def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
-    """Histograms of the latest recorded activation values per module; returns a Figure.
-
-    modules: module paths or glob patterns (default: every module with a histogram). The
-    inspector computes histograms on the device for the modules given as `hist=` when it was
-    created, so no activation is kept for this. bins: at most this many bars (adjacent bins are
-    merged, never re-estimated).
-    """
-    available: dict[str, tuple[Any, Any]] = dict(insp.histograms())
-    if isinstance(modules, str):
-        modules = [modules]
-    if modules is None:
-        chosen = list(available)
-    else:
-        chosen = [name for name in available if any(fnmatch.fnmatchcase(name, p) for p in modules)]
-        if not chosen:
-            have = ", ".join(repr(n) for n in available) or "none"
-            raise ValueError(
-                f"no histogram recorded for {list(modules)!r}; modules with histograms: {have}. "
-                "Ask for them when inspecting, e.g. scn.inspect(model, hist=['encoder.*'])"
-            )
-    if not chosen:
-        return message_figure("no histograms recorded: inspect with hist=[...module paths...]")
-
-    ncols = min(3, len(chosen))
-    nrows = math.ceil(len(chosen) / ncols)
-    fig, axes = new_figure(4 * ncols, 2.6 * nrows, grid=(nrows, ncols))
-    for ax in axes.flat[len(chosen):]:
-        ax.axis("off")
-    for ax, name in zip(axes.flat, chosen):
-        counts, edges = _rebin(*available[name], bins)
-        ax.stairs(counts, edges, fill=True, color="#3b75af")
-        ax.set_title(_label(name), fontsize=9)
-        positive = counts[counts > 0]
-        if positive.size and positive.max() / positive.min() > 100:  # heavy tails stay visible
-            ax.set_yscale("log")
-        ax.set_ylabel("count", fontsize=8)
-        ax.tick_params(labelsize=7)
-    fig.suptitle("activation values (latest recorded step)", fontsize=10)
-    return fig
 
 
 # --- two runs compared ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ COLUMNS = (
 META = (*COLUMNS[:9], "training")  # the row tuple of one tensor, without statistics and rank
 DEFAULT_MAX_ROWS = 100_000
 MEMORY_COLUMNS = ("mem_out", "mem_saved", "mem_peak")  # memory=True (see memory.py)
+HIST_STEPS = 50  # histograms kept per module for insp.hist() over steps (bounded memory)
 
 
 @dataclasses.dataclass
@@ -65,6 +66,7 @@ class Store:
         self.dropped = 0  # rows the ring buffer let go
         self.row_count = 0
         self.histograms: dict[str, tuple[Any, Any]] = {}
+        self._hist_steps: dict[str, deque] = {}  # path -> (step, counts, edges), the recent ones
         self.listeners: list[Callable[[Any], None]] = []
         self._records: deque[StepRecord] = deque()
         self._lock = lock
@@ -81,8 +83,10 @@ class Store:
             for path, (counts, lo_hi) in hists.items():
                 try:
                     lo, hi = lo_hi.tolist()
-                    self.histograms[path] = (counts.cpu().numpy(),
-                                             np.linspace(lo, hi, len(counts) + 1))
+                    kept = (counts.cpu().numpy(), np.linspace(lo, hi, len(counts) + 1))
+                    self.histograms[path] = kept
+                    self._hist_steps.setdefault(path, deque(maxlen=HIST_STEPS)).append(
+                        (record.meta[0][0], *kept))
                 except Exception as e:
                     self._diagnostics.failed(e, path)
             if record.meta[0][0] != self.last_step:  # a step can reach the host in parts
@@ -104,6 +108,10 @@ class Store:
     def latest_histograms(self) -> dict[str, tuple[Any, Any]]:
         with self._lock:
             return dict(self.histograms)
+
+    def histogram_steps(self) -> dict[str, list[tuple[int, Any, Any]]]:
+        with self._lock:
+            return {path: list(kept) for path, kept in self._hist_steps.items()}
 
     def _keep(self, record: StepRecord) -> None:
         """Append a record, dropping the oldest rows beyond max_rows (a ring buffer)."""
