@@ -15,7 +15,7 @@ never count as the first divergence.
 
 Only the frame's statistic columns and the alignment keys are read, so a column added to the
 frame later does not change the comparison. The rows are matched in `alignment`, read into a
-`Comparison` in `comparison`, and drawn in `plots.divergence_plot`.
+`Comparison` in `comparison`, and drawn in `compare_plot.divergence_plot`.
 """
 
 from __future__ import annotations

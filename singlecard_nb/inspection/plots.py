@@ -7,11 +7,9 @@ to render it) and closed at once, so it shows exactly once: as the value returne
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from . import ranking
-from .alignment import COMPARED
 
 # Statistics that are never negative and often span decades: a log colour scale keeps a layer
 # at 1e4 from flattening every other row into one colour.
@@ -286,59 +284,3 @@ def _nonfinite_cells(frame: Any, table: Any, io: str) -> Any:
     per_cell = flagged.groupby([rows["module"], rows["step"]]).any().unstack(fill_value=False)
     per_cell = per_cell.reindex(index=table.index, columns=table.columns, fill_value=False)
     return per_cell.fillna(False).to_numpy(dtype=bool)
-
-
-# --- two runs compared ---------------------------------------------------------------------
-
-_IO_STYLE = {"output": ("#1f77b4", "o"), "input": ("#7f7f7f", "s"), "grad": ("#ff7f0e", "v"),
-             "param_grad": ("#2ca02c", "^"), "param": ("#9467bd", "D"),
-             "step_grad": ("#8c564b", "P"), "buffer": ("#e377c2", "X")}
-
-
-def divergence_plot(frame: Any, stat: str | None, rtol: float, first: Any,
-                    labels: tuple[str, str]) -> Any:
-    """Largest relative difference per module and io kind over all steps, modules on the x axis
-    in the order they first ran in run a; the tolerance as a line, the first divergence marked.
-
-    frame: a comparison's aligned rows (`Comparison.frame()`); first: its first `Divergence`.
-    """
-    import numpy as np
-
-    compared = frame[frame["status"] == COMPARED]
-    if compared.empty:
-        return message_figure("no tensor recorded by both runs: nothing to plot")
-    column = "rel" if stat is None else f"{stat}_rel"
-    modules = list(dict.fromkeys(frame["module"]))
-    place = {m: i for i, m in enumerate(modules)}
-    finite = compared[column].replace(np.inf, np.nan)
-    floor = max(min(float(finite[finite > 0].min()) if (finite > 0).any() else rtol, rtol) / 10,
-                1e-12)
-    ceiling = max(float(finite.max()) if finite.notna().any() else rtol, rtol) * 10
-    fig, ax = new_figure(min(4 + 0.3 * len(modules), 14), 3.6)
-    for io, rows in compared.groupby("io", sort=False):
-        worst = rows.groupby("module", sort=False)[column].max()
-        x = [place[m] for m in worst.index]
-        y = np.clip(np.nan_to_num(worst.to_numpy(dtype=float), nan=0.0, posinf=ceiling),
-                    floor, ceiling)
-        colour, marker = _IO_STYLE.get(io, ("#17becf", "x"))
-        ax.plot(x, y, linestyle="none", marker=marker, color=colour, label=io, alpha=0.85)
-    ax.axhline(rtol, color="#d62728", linestyle="--", linewidth=1, label=f"rtol {rtol:g}")
-    ax.axhline(floor, color="#bbbbbb", linewidth=0.8)
-    ax.annotate("equal", (1, floor), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                textcoords="offset points", ha="right", fontsize=7, color="#888888")
-    if first is not None and first.module in place and (stat is None or stat == first.stat):
-        value = min(max(first.rel if math.isfinite(first.rel) else ceiling, floor), ceiling)
-        ax.annotate(f"first: step {first.step} {first.io}", (place[first.module], value),
-                    xytext=(8, 8), textcoords="offset points", fontsize=8, color="#d62728",
-                    arrowprops={"arrowstyle": "->", "color": "#d62728"})
-    ax.set_yscale("log")
-    ax.set_ylim(floor / 3, ceiling)  # equal values sit on the floor, fully visible
-    step = max(1, len(modules) // 40)
-    ax.set_xticks(range(0, len(modules), step))
-    ax.set_xticklabels([_label(m) for m in modules[::step]], rotation=60, ha="right",
-                       fontsize=7)
-    ax.set_xlabel("module, in execution order")
-    ax.set_ylabel(f"largest relative difference ({stat or 'worst statistic'})")
-    ax.set_title(f"{labels[0]} vs {labels[1]}: divergence per module", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # never over a point
-    return fig
