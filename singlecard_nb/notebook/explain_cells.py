@@ -46,7 +46,11 @@ def is_on(shell: Any) -> bool:
 
 
 def _show_explanation(result: Any = None) -> None:
-    error = getattr(result, "error_in_exec", None)
+    show(getattr(result, "error_in_exec", None))
+
+
+def show(error: Any) -> None:
+    """Display the explanation of `error` (an exception raised inside a module), if any."""
     if not isinstance(error, Exception):  # no error, or Ctrl-C / SystemExit: nothing to explain
         return
     if "torch" not in sys.modules:  # no torch, no module: and loading torch here would cost seconds

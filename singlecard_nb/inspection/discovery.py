@@ -1,0 +1,333 @@
+"""Models found while code runs: `inspect_all()` inspects every model a script trains, unchanged.
+
+A model is the outermost `nn.Module` the code calls (no other module's call is running below it
+on the stack) that has parameters. A DataParallel / DDP / FSDP / torch.compile wrapper counts as
+the model it wraps; a module found while a method of a bigger module runs (a LightningModule's
+`training_step` calling `self.encoder`) counts as that bigger module. Loss modules and other
+parameterless modules are not models, nor are submodules of a model called on their own, nor
+copies of a model (`copy.deepcopy` for EMA, `AveragedModel`).
+
+Cost: ONE global forward pre-hook looks for models. It is taken out of torch's table when a
+known model's call begins and put back when that call returns, so the calls inside a model run
+as they would under `inspect(model)` alone (on torch's hook-free path on steps `every=N` skips),
+and code that calls no module never meets it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+import weakref
+from collections import Counter
+from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as _module_globals
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from ..borrow import Borrowed
+from .attach import STEP_METHODS
+from .calls import calls_on_stack
+from .compile_watch import compile_listeners
+from .engine import Inspector
+
+__all__ = ["Discovery", "inspect_all", "inspectors"]
+
+_GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
+_CALL_IMPL = nn.Module._call_impl.__code__
+# Averaging helpers whose `module` is a copy of the model (torch's swa_utils, timm, ema-pytorch)
+COPY_CLASSES = frozenset({"AveragedModel", "ModelEma", "ModelEmaV2", "ModelEmaV3", "EMA"})
+_DATA_PARALLEL = frozenset({"DataParallel", "DistributedDataParallel",
+                            "FullyShardedDataParallel"})
+_TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
+
+_current: Discovery | None = None  # the latest inspect_all(): what inspectors() reads
+
+
+def unwrapped(module: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
+    """The model inside DataParallel / DDP / FSDP wrappers, as a torch.compile wrapper of it (if
+    the innermost wrapper is one: `inspect()` takes it and runs it eagerly), and the wrappers
+    on the way."""
+    chain = []
+    while True:
+        inner = getattr(module, "module", None)
+        if type(module).__name__ in _DATA_PARALLEL and isinstance(inner, nn.Module):
+            chain.append(module)
+            module = inner
+            continue
+        return module, chain
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+class Discovery:
+    """Finds models as they are called and inspects each with the same options; see
+    `inspect_all()`. `found` callbacks get (name, Inspector) of each new model."""
+
+    def __init__(self, **options: Any):
+        Inspector(nn.Module(), **options)  # the options checked where inspect() checks them
+        self.options = options
+        self._inspectors: dict[str, Inspector] = {}
+        # id(module) -> (weak ref, its inspector or None): models and their wrappers, and what is
+        # no model (a model's submodules, copies, modules called inside another's call)
+        self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
+        self._names: Counter[str] = Counter()
+        self._owner: Borrowed | None = None
+        self._hook_id: int | None = None
+        self._hook = self._on_call  # one bound object: in and out of torch's table
+        self._rearm = self._on_return
+        self._compile_listener = self._compiled
+        self._lock = threading.RLock()
+        self.found: list = []  # callbacks fn(name, insp), e.g. the live view of %inspect all
+        self.errors: list[str] = []
+
+    # --- lifecycle --------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        owner = self._owner
+        return owner is not None and owner.active
+
+    def start(self) -> Discovery:
+        """Look for models from now on (stops another inspect_all); idempotent."""
+        global _current
+        if self.active:
+            return self
+        if _current is not None and _current is not self:
+            _current.stop()
+        owner = Borrowed("inspect all: finding models")
+        try:
+            handle = register_module_forward_pre_hook(self._hook)
+            self._hook_id = handle.id
+            owner.add_handle(handle, "global forward pre-hook finding models")
+            compile_listeners.add(self._compile_listener)
+            owner.on_restore(lambda: compile_listeners.discard(self._compile_listener),
+                             "torch.compile listener")
+            # torch warns at each compiled wrapper's call that global hooks exist: ours skips it
+            warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
+            entry = warnings.filters[0]
+            owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
+            owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+        except BaseException:
+            owner.restore()
+            raise
+        self._owner = owner
+        _current = self
+        return self
+
+    def stop(self) -> Discovery:
+        """Stop looking and stop every inspector; their records stay readable."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.restore()
+        return self
+
+    def reset(self) -> None:
+        """A new run (`%run` again): the models found so far are stopped and forgotten."""
+        with self._lock:
+            self._stop_inspectors()
+            self._inspectors, self._known, self._names = {}, {}, Counter()
+            self._arm()
+
+    def flush(self) -> None:
+        """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips
+        the hook that puts the finder back when a model's call returns)."""
+        for insp in list(self._inspectors.values()):
+            if insp.active:
+                insp.flush()
+        self._arm()
+
+    def __enter__(self) -> Discovery:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def inspectors(self) -> dict[str, Inspector]:
+        """{name: Inspector} of every model found, in the order found."""
+        return dict(self._inspectors)
+
+    def __repr__(self) -> str:
+        state = "looking" if self.active else "stopped"
+        names = ", ".join(self._inspectors) or "no model yet"
+        return f"<inspect_all: {state}; {names}>"
+
+    def _stop_inspectors(self) -> None:
+        for insp in list(self._inspectors.values()):
+            insp.stop()
+
+    # --- the finder in and out of torch's table ---------------------------------------------
+    def _arm(self) -> None:
+        if self._hook_id is not None and self.active:
+            _GLOBAL_PRE_HOOKS[self._hook_id] = self._hook
+
+    def _disarm(self) -> None:
+        if self._hook_id is not None:
+            _GLOBAL_PRE_HOOKS.pop(self._hook_id, None)
+
+    def _on_return(self, module, args, output) -> None:
+        self._arm()  # the model's call is over: look for models again
+
+    def __deepcopy__(self, memo: dict) -> Discovery:
+        return self  # a copy of a model carries our hook, still ours: that is how copies show
+
+    # --- finding ----------------------------------------------------------------------------
+    def _on_call(self, module: nn.Module, args: tuple) -> None:
+        entry = self._known.get(id(module))
+        if entry is not None and entry[0]() is module:
+            if entry[1] is not None:
+                self._disarm()  # a model's call: its inspector records it; back when it returns
+            return
+        if not _has_parameters(module):
+            return  # a loss, an activation: no model
+        try:
+            with self._lock:
+                self._consider(module, args)
+        except Exception as e:  # finding a model must never break the user's forward
+            self._known[id(module)] = (weakref.ref(module), None)
+            message = f"could not inspect the {type(module).__name__} called: {e!r}"
+            if message not in self.errors:
+                self.errors.append(message)
+                warnings.warn(f"singlecard_nb: inspect all {message}", RuntimeWarning,
+                              stacklevel=2)
+
+    def _consider(self, module: nn.Module, args: tuple) -> None:
+        frame = sys._getframe(2)
+        if calls_on_stack(frame, module) < 1 or _other_call_below(frame, module):
+            self._forget_as_model(module)  # called inside another module's call
+            return
+        outer, method = _method_owner(frame, module)
+        candidate = outer or module
+        model, chain = unwrapped(candidate)
+        if type(model).__name__ in COPY_CLASSES or self._is_copy(model):
+            self._forget_as_model(candidate)
+            return
+        inner = getattr(model, "_orig_mod", model)
+        entry = self._known.get(id(inner))
+        if entry is not None and entry[0]() is inner and entry[1] is not None:
+            insp = entry[1]  # a new wrapper (DDP, torch.compile) of a model found before
+        else:
+            insp = self._new_inspector(model, inner)
+        for wrapper in (candidate, *chain, model):
+            self._known[id(wrapper)] = (weakref.ref(wrapper), insp)
+        self._look_again_after(candidate)
+        self._disarm()
+        if outer is not None:
+            insp._attach.end_probes()
+            if method is not None and insp.model is outer:
+                insp._calls.open_midway(method)  # this training_step is step 0
+        elif candidate is model and insp.model is model:
+            # Found in this call's pre-hooks: torch has taken the list of the model's own
+            # pre-hooks already, so the step this call is begins here (its root hook, added
+            # to the module's forward hooks, which torch reads after forward, ends it).
+            insp._calls.on_root_pre(model, args, _call_kwargs(sys._getframe(2)))
+
+    def _new_inspector(self, model: nn.Module, inner: nn.Module) -> Inspector:
+        name = type(inner).__name__
+        self._names[name] += 1
+        if self._names[name] > 1:
+            name = f"{name}#{self._names[name]}"
+        insp = Inspector(model, **self.options).start()
+        self._inspectors[name] = insp
+        for sub in inner.modules():  # its parts called on their own are no new model
+            self._known.setdefault(id(sub), (weakref.ref(sub), None))
+        if inner is not model:
+            self._known[id(inner)] = (weakref.ref(inner), insp)
+        self._look_again_after(inner)  # also the mark a copy (deepcopy for EMA) carries
+        for callback in self.found:
+            callback(name, insp)
+        return insp
+
+    def _look_again_after(self, module: nn.Module) -> None:
+        """Put the finder back when `module`'s call returns (always called: also after an
+        exception). The hook is ours on a module we know, so a copy of it shows as a copy."""
+        if not any(getattr(hook, "__self__", None) is self
+                   for hook in module._forward_hooks.values()):
+            self._owner.add_handle(module.register_forward_hook(self._rearm, always_call=True),
+                                   f"looking again after {type(module).__name__} returns")
+
+    def _is_copy(self, model: nn.Module) -> bool:
+        inner = getattr(model, "_orig_mod", model)
+        return any(getattr(hook, "__self__", None) is self
+                   for sub in inner.modules() for hook in sub._forward_hooks.values())
+
+    def _forget_as_model(self, module: nn.Module) -> None:
+        for sub in module.modules():
+            self._known.setdefault(id(sub), (weakref.ref(sub), None))
+
+    def _compiled(self, model: nn.Module, wrapper: nn.Module) -> None:
+        """torch.compile(model) while looking: the wrapper runs the model eagerly from its first
+        call on (torch chooses what a call runs before the hook that finds it)."""
+        if self.active and _has_parameters(model) and getattr(wrapper, "_orig_mod", None) is model:
+            self._owner.set_attr(wrapper, "forward", model.__call__,
+                                 "torch.compile wrapper runs eagerly while models are looked for")
+
+
+def _other_call_below(frame: Any, module: nn.Module) -> bool:
+    """Whether a call of some other module is running below this call of `module`."""
+    while frame is not None and not (frame.f_code is _CALL_IMPL
+                                     and frame.f_locals.get("self") is module):
+        frame = frame.f_back
+    frame = frame.f_back if frame is not None else None
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _method_owner(frame: Any, module: nn.Module) -> tuple[nn.Module | None, Any]:
+    """The outermost module whose method is running below and which holds `module` (a
+    LightningModule's training_step calling its encoder), and the frame of the step method
+    (training_step, ...) of it that runs, if one does; (None, None) if no such module."""
+    methods = []  # (module, frame), innermost first
+    while frame is not None:
+        self = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(self, nn.Module) and self is not module:
+            methods.append((self, frame))
+        frame = frame.f_back
+    owner = next((m for m, _ in reversed(methods) if any(s is module for s in m.modules())),
+                 None)
+    step = next((f for m, f in methods if m is owner and f.f_code.co_name in STEP_METHODS),
+                None)
+    return owner, step
+
+
+def _call_kwargs(frame: Any) -> dict:
+    """The keyword arguments of the module call whose pre-hooks run (torch's `inner`), or {}."""
+    while frame is not None and frame.f_code is not _CALL_IMPL:
+        if frame.f_code.co_name == "inner":
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else {}
+        frame = frame.f_back
+    return {}
+
+
+def _remove_filter(entry: tuple) -> None:
+    if entry in warnings.filters:
+        warnings.filters.remove(entry)
+        getattr(warnings, "_filters_mutated", lambda: None)()
+
+
+def inspect_all(**options: Any) -> Discovery:
+    """Inspect every model the code calls from now on, each with `inspect()`'s options; returns
+    the handle (also a context manager: `with scn.inspect_all(grads=True): train()`).
+
+    A model is the outermost `nn.Module` called that has parameters (see the module's rules);
+    `inspectors()` lists them by class name (`GPT`, then `GPT#2` for a second instance).
+    Starting it stops a previous inspect_all.
+    """
+    return Discovery(**options).start()
+
+
+def inspectors() -> dict[str, Inspector]:
+    """{name: Inspector} of every model the latest `inspect_all()` found, in the order found."""
+    return _current.inspectors if _current is not None else {}
+
+
+def current() -> Discovery | None:
+    """The latest inspect_all() (looking or stopped), or None."""
+    return _current
