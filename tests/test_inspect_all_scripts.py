@@ -21,7 +21,8 @@ from singlecard_nb.notebook import explain_cells
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).with_name("scripts")
 TUTORIAL = ROOT / "notebooks" / "scripts"
-# gpt_train.py: an evaluation of 2 calls on train and 2 on val, then one call per iteration
+TRAIN = TUTORIAL / "train.py"
+# train.py (nanoGPT-shaped): an evaluation of 2 calls on train and 2 on val, then one call per iteration
 GPT_PATHS = {"", "transformer.wte", "transformer.h.0.attn.c_proj", "transformer.h.1.mlp.2",
              "lm_head"}
 
@@ -49,7 +50,7 @@ def run(shell, cell):
 
 def test_a_nanogpt_shaped_script_is_recorded_and_rerunning_starts_clean_records(ip):
     run(ip, "%inspect all")
-    run(ip, f"%run {SCRIPTS / 'gpt_train.py'} --compile=True --max_iters=3")
+    run(ip, f"%run {TRAIN} --compile=True --max_iters=3")
     first = scn.inspectors()
     assert list(first) == ["GPT"]  # the torch.compile wrapper counts as the model it wraps
     insp = first["GPT"]
@@ -57,14 +58,14 @@ def test_a_nanogpt_shaped_script_is_recorded_and_rerunning_starts_clean_records(
     assert GPT_PATHS <= set(insp.frame().module)  # the model's own paths, no "_orig_mod."
     assert any("torch.compile" in note for note in insp.notes)
     assert scn.inspector() is insp
-    run(ip, f"%run {SCRIPTS / 'gpt_train.py'} --max_iters=1")
+    run(ip, f"%run {TRAIN} --max_iters=1")
     assert list(scn.inspectors()) == ["GPT"] and scn.inspectors()["GPT"] is not insp
     assert scn.inspectors()["GPT"].steps_recorded == 2 * 2 + 1 and not insp.active
 
 
 def test_a_planted_nan_is_trapped_at_its_module_and_step_and_explained(ip):
     run(ip, "%inspect all --trap")
-    run(ip, f"%run {SCRIPTS / 'gpt_train.py'} --nan_iter=1")  # %run shows the script's error
+    run(ip, f"%run {TRAIN} --nan_iter=1")  # %run shows the script's error
     error = sys.last_value
     assert isinstance(error, NonFiniteError)
     assert (error.module, error.step, error.io) == ("transformer.h.0.attn.c_proj", 5, "output")
@@ -119,7 +120,7 @@ def _cli(*args, cwd=ROOT, torchrun=False):
 
 def test_command_line_traps_a_nan_explains_it_exits_non_zero_and_saves(tmp_path, capsys):
     status = cli.main(["--trap", "--save", str(tmp_path / "gpt.db"),
-                       str(SCRIPTS / "gpt_train.py"), "--nan_iter=1"])
+                       str(TRAIN), "--nan_iter=1"])
     stderr = capsys.readouterr().err
     assert status == 1
     assert "NonFiniteError" in stderr and "singlecard_nb.explain" in stderr

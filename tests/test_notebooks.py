@@ -56,4 +56,13 @@ def test_ddp_script_notebook_runs_single_card():
     report = _run("ddp_script_in_a_notebook.ipynb")
     assert report.errors == [], str(report)
     assert report.output_kinds[WIDGET_VIEW] >= 1, str(report)
-    assert report.output_kinds["image/png"] >= 1, str(report)
+    assert report.output_kinds["image/png"] >= 2, str(report)  # the losses; the layers' heatmap
+    html = [o["data"]["text/html"] for _, o in _outputs(report.nb) if "text/html" in o.get("data", {})]
+    # %inspect all --live: the unchanged script's model, found through DDP, followed as it trained
+    live = [h for h in html if "live inspection" in h]
+    assert len(live) == 1 and "stopped" in live[0] and "transformer.h.1.attn.c_proj" in live[0]
+    # the planted NaN: trapped at its module and step, explained under the traceback
+    assert [e.split(": ", 1)[1].split(" (Linear)")[0] for e in report.expected_errors] == [
+        "NonFiniteError: 32 NaN and 0 Inf in output of 'transformer.h.0.attn.c_proj'"]
+    assert "at step 9" in report.expected_errors[0]
+    assert any("class='singlecard-explain'" in h and "NaN in its own weight" in h for h in html)
