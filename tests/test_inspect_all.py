@@ -144,3 +144,14 @@ def test_inspectors_stay_readable_after_stop_and_a_new_inspect_all_replaces_the_
     assert scn.inspectors() == {}  # the new one has found nothing yet
     second.stop()
     assert first.inspectors["Critic"].steps_recorded == 1
+
+
+def test_a_model_the_user_inspects_already_keeps_its_inspector():
+    model = Critic()
+    mine = scn.inspect(model, every=1)
+    with scn.inspect_all(every=5):
+        for _ in range(3):
+            model(torch.randn(1, 4))
+    assert scn.inspectors() == {"Critic": mine}
+    assert mine.steps_recorded == 3 and mine.active  # one step per call, still recording
+    mine.stop()

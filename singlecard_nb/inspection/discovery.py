@@ -27,6 +27,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ..borrow import Borrowed
+from . import engine
 from .attach import STEP_METHODS
 from .calls import calls_on_stack
 from .compile_watch import compile_listeners
@@ -75,6 +76,7 @@ class Discovery:
         # no model (a model's submodules, copies, modules called inside another's call)
         self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
         self._names: Counter[str] = Counter()
+        self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
         self._owner: Borrowed | None = None
         self._hook_id: int | None = None
         self._hook = self._on_call  # one bound object: in and out of torch's table
@@ -157,7 +159,8 @@ class Discovery:
 
     def _stop_inspectors(self) -> None:
         for insp in list(self._inspectors.values()):
-            insp.stop()
+            if id(insp) not in self._theirs:
+                insp.stop()
 
     # --- the finder in and out of torch's table ---------------------------------------------
     def _arm(self) -> None:
@@ -207,14 +210,17 @@ class Discovery:
             return
         inner = getattr(model, "_orig_mod", model)
         entry = self._known.get(id(inner))
+        fresh = False
         if entry is not None and entry[0]() is inner and entry[1] is not None:
             insp = entry[1]  # a new wrapper (DDP, torch.compile) of a model found before
         else:
-            insp = self._new_inspector(model, inner)
+            insp, fresh = self._new_inspector(model, inner)
         for wrapper in (candidate, *chain, model):
             self._known[id(wrapper)] = (weakref.ref(wrapper), insp)
         self._look_again_after(candidate)
         self._disarm()
+        if not fresh:
+            return  # its hooks were there before this call began: they record it
         if outer is not None:
             insp._attach.end_probes()
             if method is not None and insp.model is outer:
@@ -225,12 +231,19 @@ class Discovery:
             # to the module's forward hooks, which torch reads after forward, ends it).
             insp._calls.on_root_pre(model, args, _call_kwargs(sys._getframe(2)))
 
-    def _new_inspector(self, model: nn.Module, inner: nn.Module) -> Inspector:
+    def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
+        """The model's inspector, and whether it is new: a model the user inspects already
+        (`inspect(model)`) keeps its inspector, listed here but never stopped by us."""
         name = type(inner).__name__
         self._names[name] += 1
         if self._names[name] > 1:
             name = f"{name}#{self._names[name]}"
-        insp = Inspector(model, **self.options).start()
+        insp = engine._active.get(id(inner))
+        fresh = insp is None or insp.model is not inner
+        if fresh:
+            insp = Inspector(model, **self.options).start()
+        else:
+            self._theirs.add(id(insp))
         self._inspectors[name] = insp
         for sub in inner.modules():  # its parts called on their own are no new model
             self._known.setdefault(id(sub), (weakref.ref(sub), None))
@@ -239,7 +252,7 @@ class Discovery:
         self._look_again_after(inner)  # also the mark a copy (deepcopy for EMA) carries
         for callback in self.found:
             callback(name, insp)
-        return insp
+        return insp, fresh
 
     def _look_again_after(self, module: nn.Module) -> None:
         """Put the finder back when `module`'s call returns (always called: also after an

@@ -245,4 +245,5 @@ class InspectMagics(Magics):
         # Runs on unload (borrow.restore_all): the inspectors' own owners remove their hooks.
         self.inspectors.clear()
         self._events = None
+        self.finder = None
 
