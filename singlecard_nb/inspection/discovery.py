@@ -28,40 +28,24 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ..borrow import Borrowed
 from . import engine
-from .attach import STEP_METHODS
 from .calls import calls_on_stack
 from .compile_watch import compile_listeners
 from .engine import Inspector
+from .model_rules import (
+    COPY_CLASSES,
+    call_kwargs,
+    has_parameters,
+    method_owner,
+    other_call_below,
+    unwrapped,
+)
 
 __all__ = ["Discovery", "inspect_all", "inspectors"]
 
 _GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
-_CALL_IMPL = nn.Module._call_impl.__code__
-# Averaging helpers whose `module` is a copy of the model (torch's swa_utils, timm, ema-pytorch)
-COPY_CLASSES = frozenset({"AveragedModel", "ModelEma", "ModelEmaV2", "ModelEmaV3", "EMA"})
-_DATA_PARALLEL = frozenset({"DataParallel", "DistributedDataParallel",
-                            "FullyShardedDataParallel"})
 _TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
 
 _current: Discovery | None = None  # the latest inspect_all(): what inspectors() reads
-
-
-def unwrapped(module: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
-    """The model inside DataParallel / DDP / FSDP wrappers, as a torch.compile wrapper of it (if
-    the innermost wrapper is one: `inspect()` takes it and runs it eagerly), and the wrappers
-    on the way."""
-    chain = []
-    while True:
-        inner = getattr(module, "module", None)
-        if type(module).__name__ in _DATA_PARALLEL and isinstance(inner, nn.Module):
-            chain.append(module)
-            module = inner
-            continue
-        return module, chain
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
 
 
 class Discovery:
@@ -184,7 +168,7 @@ class Discovery:
             if entry[1] is not None:
                 self._disarm()  # a model's call: its inspector records it; back when it returns
             return
-        if not _has_parameters(module):
+        if not has_parameters(module):
             return  # a loss, an activation: no model
         try:
             with self._lock:
@@ -199,10 +183,10 @@ class Discovery:
 
     def _consider(self, module: nn.Module, args: tuple) -> None:
         frame = sys._getframe(2)
-        if calls_on_stack(frame, module) < 1 or _other_call_below(frame, module):
+        if calls_on_stack(frame, module) < 1 or other_call_below(frame, module):
             self._forget_as_model(module)  # called inside another module's call
             return
-        outer, method = _method_owner(frame, module)
+        outer, method = method_owner(frame, module)
         candidate = outer or module
         model, chain = unwrapped(candidate)
         if type(model).__name__ in COPY_CLASSES or self._is_copy(model):
@@ -229,7 +213,7 @@ class Discovery:
             # Found in this call's pre-hooks: torch has taken the list of the model's own
             # pre-hooks already, so the step this call is begins here (its root hook, added
             # to the module's forward hooks, which torch reads after forward, ends it).
-            insp._calls.on_root_pre(model, args, _call_kwargs(sys._getframe(2)))
+            insp._calls.on_root_pre(model, args, call_kwargs(sys._getframe(2)))
 
     def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
         """The model's inspector, and whether it is new: a model the user inspects already
@@ -274,49 +258,9 @@ class Discovery:
     def _compiled(self, model: nn.Module, wrapper: nn.Module) -> None:
         """torch.compile(model) while looking: the wrapper runs the model eagerly from its first
         call on (torch chooses what a call runs before the hook that finds it)."""
-        if self.active and _has_parameters(model) and getattr(wrapper, "_orig_mod", None) is model:
+        if self.active and has_parameters(model) and getattr(wrapper, "_orig_mod", None) is model:
             self._owner.set_attr(wrapper, "forward", model.__call__,
                                  "torch.compile wrapper runs eagerly while models are looked for")
-
-
-def _other_call_below(frame: Any, module: nn.Module) -> bool:
-    """Whether a call of some other module is running below this call of `module`."""
-    while frame is not None and not (frame.f_code is _CALL_IMPL
-                                     and frame.f_locals.get("self") is module):
-        frame = frame.f_back
-    frame = frame.f_back if frame is not None else None
-    while frame is not None:
-        if frame.f_code is _CALL_IMPL:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _method_owner(frame: Any, module: nn.Module) -> tuple[nn.Module | None, Any]:
-    """The outermost module whose method is running below and which holds `module` (a
-    LightningModule's training_step calling its encoder), and the frame of the step method
-    (training_step, ...) of it that runs, if one does; (None, None) if no such module."""
-    methods = []  # (module, frame), innermost first
-    while frame is not None:
-        self = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if isinstance(self, nn.Module) and self is not module:
-            methods.append((self, frame))
-        frame = frame.f_back
-    owner = next((m for m, _ in reversed(methods) if any(s is module for s in m.modules())),
-                 None)
-    step = next((f for m, f in methods if m is owner and f.f_code.co_name in STEP_METHODS),
-                None)
-    return owner, step
-
-
-def _call_kwargs(frame: Any) -> dict:
-    """The keyword arguments of the module call whose pre-hooks run (torch's `inner`), or {}."""
-    while frame is not None and frame.f_code is not _CALL_IMPL:
-        if frame.f_code.co_name == "inner":
-            kwargs = frame.f_locals.get("kwargs")
-            return kwargs if isinstance(kwargs, dict) else {}
-        frame = frame.f_back
-    return {}
 
 
 def _remove_filter(entry: tuple) -> None:
