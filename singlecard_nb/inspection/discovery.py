@@ -43,7 +43,9 @@ from .model_rules import (
 __all__ = ["Discovery", "inspect_all", "inspectors"]
 
 _GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
-_TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
+# torch's note, as a pattern unlike attach.py's: warnings keeps one copy of equal filters, so an
+# inspector giving its filter back would otherwise take this one away too
+_TORCH_COMPILE_HOOK_NOTE = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 _current: Discovery | None = None  # the latest inspect_all(): what inspectors() reads
 
