@@ -155,3 +155,15 @@ def test_a_model_the_user_inspects_already_keeps_its_inspector():
     assert scn.inspectors() == {"Critic": mine}
     assert mine.steps_recorded == 3 and mine.active  # one step per call, still recording
     mine.stop()
+
+
+def test_module_compile_in_place_after_inspect_records_eagerly_until_stop():
+    model = Generator()
+    original = nn.Module.compile
+    with scn.inspect(model) as insp:
+        assert nn.Module.compile is not original
+        model.body.compile(backend="eager")  # a part compiled in place, after inspect()
+        assert model.body._compiled_call_impl is None  # runs eagerly while inspected
+        model(torch.randn(1, 4))
+    assert {"body.0", "body.2"} <= set(insp.frame().module)
+    assert model.body._compiled_call_impl is not None and nn.Module.compile is original

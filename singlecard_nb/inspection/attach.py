@@ -230,11 +230,21 @@ class Attachment:
                       "that every module inside them is recorded; the values are those of the "
                       "eager model. insp.stop() gives the compiled code back.")
 
-    def compiled_later(self, model: nn.Module, wrapper: nn.Module) -> bool:
-        """`torch.compile(model)` while attached: the wrapper runs the model eagerly until the
-        owner gives it back (stop() then gives the compiled code back). False if not attached."""
+    def compiled_later(self, model: nn.Module, wrapper: nn.Module,
+                       targets: dict[int, Target]) -> bool:
+        """`torch.compile(model)` or `module.compile()` (then `wrapper` is the module) while
+        attached: the wrapper runs the model eagerly, the module its eager call, until the owner
+        gives it back (stop() then gives the compiled code back). False if not attached."""
         owner = self._owner
-        if owner is None or not owner.active or model is not self._model:
+        if owner is None or not owner.active:
+            return False
+        if wrapper is model and id(model) in targets:  # module.compile(): in place
+            owner.set_attr(model, "_compiled_call_impl", None, "compiled module runs eagerly")
+            self._say("compiled", f"{type(model).__name__}.compile() while it is inspected: it "
+                      "runs eagerly while inspected, so that every module inside it is "
+                      "recorded. insp.stop() gives the compiled code back.")
+            return False
+        if model is not self._model:
             return False
         _run_wrapper_eagerly(owner, model, wrapper)
         self._say("compiled", f"torch.compile({type(model).__name__}) while it is inspected: "

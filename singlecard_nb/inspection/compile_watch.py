@@ -3,8 +3,9 @@
 nanoGPT's order, `model = torch.compile(model)` after the model exists (and after `inspect()`),
 hands the code a wrapper the inspector never saw: its compiled code bypasses module hooks and
 nothing is recorded. While anyone listens (an active inspector, `inspect_all`), `torch.compile`
-is wrapped: a wrapper it returns for an `nn.Module` is passed to each listener, which makes it
-run eagerly under its own owner (so `stop()` gives the compiled code back).
+and `nn.Module.compile` are wrapped: each listener is told (module, wrapper) — the wrapper is the
+module itself for `module.compile()` — and makes it run eagerly under its own owner (so
+`stop()` gives the compiled code back).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ class _CompileListeners:
 
                 owner.set_attr(torch, "compile", wrap_like(original, compile),
                                "torch.compile tells inspection of the wrappers it makes")
+                in_place = nn.Module.compile
+
+                def compile_module(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+                    in_place(module, *args, **kwargs)
+                    self._tell((module,), {}, module)
+
+                owner.set_attr(nn.Module, "compile", wrap_like(in_place, compile_module),
+                               "module.compile() tells inspection of the module it compiles")
                 self._owner = owner
             self._listeners = (*self._listeners, listener)
 
@@ -57,7 +66,7 @@ class _CompileListeners:
 
     def _tell(self, args: tuple, kwargs: dict, result: Any) -> None:
         model = args[0] if args else kwargs.get("model")
-        if isinstance(model, nn.Module) and isinstance(result, nn.Module) and result is not model:
+        if isinstance(model, nn.Module) and isinstance(result, nn.Module):
             for listener in self._listeners:  # a tuple: replaced, never changed, while we loop
                 listener(model, result)
 

@@ -260,7 +260,8 @@ class Discovery:
     def _compiled(self, model: nn.Module, wrapper: nn.Module) -> None:
         """torch.compile(model) while looking: the wrapper runs the model eagerly from its first
         call on (torch chooses what a call runs before the hook that finds it)."""
-        if self.active and has_parameters(model) and getattr(wrapper, "_orig_mod", None) is model:
+        if (self.active and wrapper is not model and has_parameters(model)
+                and getattr(wrapper, "_orig_mod", None) is model):
             self._owner.set_attr(wrapper, "forward", model.__call__,
                                  "torch.compile wrapper runs eagerly while models are looked for")
 

@@ -298,7 +298,7 @@ class Inspector:
 
     def _compiled_later(self, model: nn.Module, wrapper: nn.Module) -> None:
         """torch.compile(model) while inspected: the wrapper runs eagerly until stop()."""
-        if self._attach.compiled_later(model, wrapper):
+        if self._attach.compiled_later(model, wrapper, self._calls.targets):
             self._wrapper = weakref.ref(wrapper)
             _latest[id(wrapper)] = self
 
