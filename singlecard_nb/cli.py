@@ -26,7 +26,8 @@ PROG = "python -m singlecard_nb"
 _VALUED = {"--device", "--every", "--save", "--include", "--exclude", "--max-rows", "-m"}
 # Options that mean "inspect": each one turns --inspect on
 _OWN = ("device", "inspect", "save", "module")  # the rest are inspect()'s, by their names
-_INSPECT_OPTIONS = ("grads", "params", "trap", "save", "include", "exclude", "max_rows")
+_INSPECT_OPTIONS = ("grads", "params", "trap", "every", "save", "include", "exclude",
+                    "max_rows")
 
 
 def _positive(text: str) -> int:
@@ -48,13 +49,13 @@ def parser() -> argparse.ArgumentParser:
                    help="pin to one device first and run DataParallel/DDP code on it "
                         "(as %%singlecard TARGET): a GPU index, UUID, 'auto' or 'cpu'")
     p.add_argument("--inspect", action="store_true",
-                   help="inspect every model the script calls (implied by the options below)")
+                   help="inspect every model the script calls (implied by each option below)")
     p.add_argument("--grads", action="store_true", help="also record gradients")
     p.add_argument("--params", action="store_true",
                    help="also record parameters after each optimiser step (compare_ranks)")
     p.add_argument("--trap", action="store_true",
                    help="stop at the first NaN/Inf output or gradient (NonFiniteError)")
-    p.add_argument("--every", type=_positive, default=1, metavar="N",
+    p.add_argument("--every", type=_positive, metavar="N",
                    help="record steps 0, N, 2N... (default 1)")
     p.add_argument("--include", action="append", metavar="GLOB", help="only these modules")
     p.add_argument("--exclude", action="append", metavar="GLOB", help="skip these modules")
@@ -114,15 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(script, options.module, rest)
     finally:
-        if finder is not None:
-            finder.stop()
-            if options.save:
-                _save(finder, options.save)
+        try:
+            if finder is not None:
+                finder.stop()
+                if options.save:
+                    _save(finder, options.save)
+        finally:
+            if options.device is not None:  # given back, as everything borrowed is
+                from . import session
+
+                session.release()
 
 
 def _inspect_options(options: argparse.Namespace) -> dict[str, Any]:
     """inspect()'s keyword arguments: every option but the command line's own, by its name."""
-    return {key: value for key, value in vars(options).items() if key not in _OWN}
+    return {key: value for key, value in vars(options).items()
+            if key not in _OWN and value is not None}  # not given: inspect()'s default
 
 
 def _run(script: str | None, module: str | None, args: list[str]) -> int:

@@ -129,6 +129,24 @@ def test_command_line_traps_a_nan_explains_it_exits_non_zero_and_saves(tmp_path,
     assert sorted(set(records.step)) == list(range(6))
 
 
+def test_command_line_saves_after_ctrl_c_and_passes_the_scripts_exit_status_on(tmp_path):
+    script = tmp_path / "stops.py"
+    script.write_text("import sys, torch\nmodel = torch.nn.Linear(2, 2)\n"
+                      "for step in range(3):\n    model(torch.ones(1, 2))\n"
+                      "if sys.argv[1] == 'ctrl-c':\n    raise KeyboardInterrupt\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    assert cli.main(["--save", str(tmp_path / "a.db"), str(script), "ctrl-c"]) == 130
+    assert sorted(set(scn.load(tmp_path / "a.db").step)) == [0, 1, 2]
+    assert cli.main(["--inspect", str(script), "3"]) == 3
+
+
+def test_command_line_device_runs_the_ddp_tutorial_single_card_then_unpins(tmp_path):
+    assert cli.main(["--device", "cpu", "--every", "8", str(TUTORIAL / "multigpu_torchrun.py"),
+                     "1", "5", "--snapshot_path", str(tmp_path / "s.pt")]) == 0
+    assert {n: i.steps_recorded for n, i in scn.inspectors().items()} == {"Linear": 8}
+    assert scn.current() is None and not scn.single_card()
+
+
 def test_command_line_refuses_bad_options_before_running(capsys):
     for argv, named in ((["--every", "0", "x.py"], "--every"),
                         (["--device", "tpu9", str(SCRIPTS / "gan.py")], "--device"),
