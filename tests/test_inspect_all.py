@@ -167,3 +167,15 @@ def test_module_compile_in_place_after_inspect_records_eagerly_until_stop():
         model(torch.randn(1, 4))
     assert {"body.0", "body.2"} <= set(insp.frame().module)
     assert model.body._compiled_call_impl is not None and nn.Module.compile is original
+
+
+def test_after_reset_a_model_of_the_last_run_called_again_is_found_again():
+    model = Critic()
+    with scn.inspect_all() as finder:
+        model(torch.randn(1, 4))
+        first = finder.inspectors["Critic"]
+        finder.reset()  # what %run does before each run
+        model(torch.randn(1, 4))
+        again = finder.inspectors
+    assert list(again) == ["Critic"] and again["Critic"] is not first
+    assert again["Critic"].steps_recorded == 1 and not first.active

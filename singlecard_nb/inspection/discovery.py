@@ -62,6 +62,7 @@ class Discovery:
         # no model (a model's submodules, copies, modules called inside another's call)
         self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
         self._names: Counter[str] = Counter()
+        self._marks: list = []  # handles of our hooks on the models found (_look_again_after)
         self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
         self._owner: Borrowed | None = None
         self._hook_id: int | None = None
@@ -98,6 +99,7 @@ class Discovery:
             entry = warnings.filters[0]
             owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
             owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+            owner.on_restore(self._remove_marks, "hooks on the models found")
         except BaseException:
             owner.restore()
             raise
@@ -116,6 +118,7 @@ class Discovery:
         """A new run (`%run` again): the models found so far are stopped and forgotten."""
         with self._lock:
             self._stop_inspectors()
+            self._remove_marks()  # a model of the last run called again is a model again
             self._inspectors, self._known, self._names = {}, {}, Counter()
             self._arm()
 
@@ -142,6 +145,11 @@ class Discovery:
         state = "looking" if self.active else "stopped"
         names = ", ".join(self._inspectors) or "no model yet"
         return f"<inspect_all: {state}; {names}>"
+
+    def _remove_marks(self) -> None:
+        marks, self._marks = self._marks, []
+        for handle in marks:
+            handle.remove()
 
     def _stop_inspectors(self) -> None:
         for insp in list(self._inspectors.values()):
@@ -231,8 +239,7 @@ class Discovery:
         else:
             self._theirs.add(id(insp))
         self._inspectors[name] = insp
-        for sub in inner.modules():  # its parts called on their own are no new model
-            self._known.setdefault(id(sub), (weakref.ref(sub), None))
+        self._forget_as_model(inner)  # its parts called on their own are no new model
         if inner is not model:
             self._known[id(inner)] = (weakref.ref(inner), insp)
         self._look_again_after(inner)  # also the mark a copy (deepcopy for EMA) carries
@@ -245,8 +252,7 @@ class Discovery:
         exception). The hook is ours on a module we know, so a copy of it shows as a copy."""
         if not any(getattr(hook, "__self__", None) is self
                    for hook in module._forward_hooks.values()):
-            self._owner.add_handle(module.register_forward_hook(self._rearm, always_call=True),
-                                   f"looking again after {type(module).__name__} returns")
+            self._marks.append(module.register_forward_hook(self._rearm, always_call=True))
 
     def _is_copy(self, model: nn.Module) -> bool:
         inner = getattr(model, "_orig_mod", model)
@@ -254,8 +260,11 @@ class Discovery:
                    for sub in inner.modules() for hook in sub._forward_hooks.values())
 
     def _forget_as_model(self, module: nn.Module) -> None:
+        known = self._known
         for sub in module.modules():
-            self._known.setdefault(id(sub), (weakref.ref(sub), None))
+            entry = known.get(id(sub))
+            if entry is None or entry[0]() is not sub:  # absent, or a dead module's id
+                known[id(sub)] = (weakref.ref(sub), None)
 
     def _compiled(self, model: nn.Module, wrapper: nn.Module) -> None:
         """torch.compile(model) while looking: the wrapper runs the model eagerly from its first
