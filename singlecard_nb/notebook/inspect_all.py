@@ -42,7 +42,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
             insp.flush()
             display(insp.summary())
         return None
-    options = magics._options(args)  # the same options, checked the same way, as %inspect
+    options = magics._inspect_options(args)  # the same options, checked the same way, as %inspect
     try:
         new = Discovery(**options)
     except (TypeError, ValueError) as e:

@@ -192,11 +192,11 @@ class InspectMagics(Magics):
         from ..inspection.engine import Inspector
 
         try:
-            return Inspector(model, **self._options(args))
+            return Inspector(model, **self._inspect_options(args))
         except (TypeError, ValueError) as e:  # e.g. a TorchScript module
             raise UsageError(f"%inspect: {e}") from None
 
-    def _options(self, args) -> dict[str, Any]:
+    def _inspect_options(self, args) -> dict[str, Any]:
         """inspect()'s keyword arguments from a parsed line: every option but the magic's own,
         by its name, so an option added to `_options` reaches inspect() and `%inspect all`."""
         if args.every < 1:
