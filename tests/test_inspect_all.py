@@ -179,3 +179,13 @@ def test_after_reset_a_model_of_the_last_run_called_again_is_found_again():
         again = finder.inspectors
     assert list(again) == ["Critic"] and again["Critic"] is not first
     assert again["Critic"].steps_recorded == 1 and not first.active
+
+
+def test_a_new_module_per_step_stops_being_inspected_past_the_bound(monkeypatch):
+    from singlecard_nb.inspection import discovery
+
+    monkeypatch.setattr(discovery, "MAX_MODELS", 3)
+    with scn.inspect_all() as finder, pytest.warns(UserWarning, match="more than 3 models"):
+        for _ in range(5):
+            nn.Linear(2, 2)(torch.randn(1, 2))
+    assert list(finder.inspectors) == ["Linear", "Linear#2", "Linear#3"]

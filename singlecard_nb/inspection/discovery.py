@@ -47,6 +47,9 @@ _GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
 # inspector giving its filter back would otherwise take this one away too
 _TORCH_COMPILE_HOOK_NOTE = r"Using `torch\.compile\(module\)` when there are global hooks"
 
+# Code that makes and calls modules in a loop (a new nn.Linear per batch) would otherwise get an
+# inspector per instance, without bound: past this many, new models are not inspected (said once)
+MAX_MODELS = 32
 _current: Discovery | None = None  # the latest inspect_all(): what inspectors() reads
 
 
@@ -71,7 +74,8 @@ class Discovery:
         self._compile_listener = self._compiled
         self._lock = threading.RLock()
         self.found: list = []  # callbacks fn(name, insp), e.g. the live view of %inspect all
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # what could not be done, each said once
+        self._said: set[str] = set()
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -185,11 +189,14 @@ class Discovery:
                 self._consider(module, args)
         except Exception as e:  # finding a model must never break the user's forward
             self._known[id(module)] = (weakref.ref(module), None)
-            message = f"could not inspect the {type(module).__name__} called: {e!r}"
-            if message not in self.errors:
-                self.errors.append(message)
-                warnings.warn(f"singlecard_nb: inspect all {message}", RuntimeWarning,
-                              stacklevel=2)
+            self._say_once(f"{type(e).__name__}: {e}", f"could not inspect the "
+                           f"{type(module).__name__} called: {e!r}", RuntimeWarning)
+
+    def _say_once(self, kind: str, message: str, category: type[Warning] = UserWarning) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            self.errors.append(message)
+            warnings.warn(f"singlecard_nb: inspect all: {message}", category, stacklevel=3)
 
     def _consider(self, module: nn.Module, args: tuple) -> None:
         frame = sys._getframe(2)
@@ -207,6 +214,13 @@ class Discovery:
         fresh = False
         if entry is not None and entry[0]() is inner and entry[1] is not None:
             insp = entry[1]  # a new wrapper (DDP, torch.compile) of a model found before
+        elif len(self._inspectors) >= MAX_MODELS:
+            self._forget_as_model(candidate)
+            self._say_once("many", f"more than {MAX_MODELS} models were found, so "
+                           f"{type(inner).__name__} and later new models are not inspected "
+                           "(a script that makes a new module per step?). Inspect the one you "
+                           "mean with singlecard_nb.inspect(model).")
+            return
         else:
             insp, fresh = self._new_inspector(model, inner)
         for wrapper in (candidate, *chain, model):
