@@ -73,9 +73,14 @@ def test_a_planted_nan_is_trapped_at_its_module_and_step_and_explained(ip):
     assert scn.inspectors()["GPT"].steps_recorded == 6  # the records stay after the error
 
 
-def test_a_gan_and_the_ddp_tutorial_under_single_card_mode(ip, tmp_path):
+def test_a_gan_and_the_ddp_tutorial_under_single_card_mode(ip, tmp_path, capsys):
     run(ip, "%inspect all --params")
     run(ip, f"%run {SCRIPTS / 'gan.py'} 3")
+    capsys.readouterr()
+    run(ip, "%inspect all show")
+    shown = capsys.readouterr().out
+    assert "Discriminator: <Inspector Discriminator: active" in shown and "Generator:" in shown
+    assert "main.2" in shown and "Sigmoid" in shown  # the summaries
     found = scn.inspectors()
     assert list(found) == ["Discriminator", "Generator"]  # called first on real data; BCELoss: no model
     assert found["Generator"].steps_recorded == 3 and found["Discriminator"].steps_recorded == 9

@@ -38,8 +38,9 @@ def inspect_all_line(magics: Any, args: Any) -> None:
         found = finder.inspectors if finder is not None else {}
         if not found:
             print("%inspect all: no model found yet.")
-        for insp in found.values():
+        for name, insp in found.items():
             insp.flush()
+            print(f"{name}: {insp!r}")  # a summary does not name its model
             display(insp.summary())
         return None
     options = magics._inspect_options(args)  # the same options, checked the same way, as %inspect
