@@ -6,6 +6,8 @@ Neither wing imports the other: both import this module.
 
 from __future__ import annotations
 
+import sys
+
 
 class NonFiniteError(RuntimeError):
     """The first module output or gradient with NaN or Inf, raised by `inspect(..., trap=True)`.
@@ -27,3 +29,22 @@ class NonFiniteError(RuntimeError):
             f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
             f"call {call}.{origin} Rows recorded so far are in insp.frame()."
         )
+
+
+class _TrapFrame:
+    """The value of `__tracebackhide__` in the trap's own frames (the hooks a NonFiniteError is
+    raised from): IPython's tracebacks and debugger hide such frames ("[... skipping hidden 3
+    frame]"), so the user's code and torch's call of the module end the traceback. Under
+    `%xmode verbose` (the mode for reading everything) they are shown; `%xmode --show` shows
+    them in every mode. Read when the traceback is formatted; IPython is never imported here."""
+
+    def __bool__(self) -> bool:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+        return getattr(getattr(shell, "InteractiveTB", None), "mode", None) != "Verbose"
+
+    def __repr__(self) -> str:
+        return "singlecard_nb.errors.TRAP_FRAME"
+
+
+TRAP_FRAME = _TrapFrame()

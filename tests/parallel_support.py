@@ -57,6 +57,20 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
         "spawn.spawn": spawn_module.spawn,
         "spawn.start_processes": spawn_module.start_processes,
     }
+    from torch.distributed import device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    objects.update({
+        "FSDP.__init__": _own(FSDP, "__init__"),
+        "init_device_mesh": device_mesh.init_device_mesh,
+        "sys.exit": sys.exit,
+        "torch.accelerator.device_index.__init__": _own(torch.accelerator.device_index,
+                                                        "__init__"),
+    })
+    objects.update({f"torch.accelerator.{n}": getattr(torch.accelerator, n) for n in (
+        "set_device_index", "set_device_idx", "is_available", "device_count")})
+    objects.update({f"torch.cuda.{n}": getattr(torch.cuda, n) for n in ("is_available",
+                                                                       "device_count")})
     objects.update({f"torch.{n}": getattr(torch, n) for n in remap.FACTORIES if hasattr(torch, n)})
     objects.update({f"Tensor.{n}": _own(torch.Tensor, n) for n in remap.TENSOR_FACTORIES})
     if cpu:
@@ -69,6 +83,12 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
         objects.update({f"torch.cuda.{n}": getattr(torch.cuda, n) for n in names})
         objects["autocast.__init__"] = _own(torch.amp.autocast_mode.autocast, "__init__")
         objects["GradScaler.__init__"] = _own(torch.amp.GradScaler, "__init__")
+        objects.update({f"Tensor.{n}": _own(torch.Tensor, n) for n in ("pin_memory", "is_pinned",
+                                                                     "record_stream")})
+        objects["DataLoader.__init__"] = _own(torch.utils.data.DataLoader, "__init__")
+        objects.update({f"torch.accelerator.{n}": getattr(torch.accelerator, n) for n in (
+            "current_accelerator", "current_device_index", "current_stream", "synchronize",
+            "memory_allocated")})
     return objects
 
 

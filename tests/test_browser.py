@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser_dark import check_dark_theme
 from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,6 +176,8 @@ def test_quickstart_in_a_real_browser(lab):
             figure = page.locator(".jp-OutputArea-output img").first
             figure.scroll_into_view_if_needed()
             figure.screenshot(path=str(ARTIFACTS / "6-heatmap.png"))
+
+            check_dark_theme(page, ARTIFACTS)  # the same page, switched to JupyterLab Dark
         finally:
             browser.close()
-    assert time.monotonic() - started < 90
+    assert time.monotonic() - started < 105

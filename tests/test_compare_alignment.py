@@ -78,7 +78,7 @@ def test_every_figure_is_made_by_the_one_helper(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(plots, "new_figure", counting)
-    assert isinstance(scn.compare(A, B).plot(), Figure)  # the divergence plot, now in plots
+    assert isinstance(scn.compare(A, B).plot(), Figure)  # the divergence plot (compare_plot)
     assert isinstance(scn.compare(A, records([(5, "x", "output", 0.0, (1,))])).plot(), Figure)
     assert isinstance(scn.compare_ranks(A).plot(), Figure)  # one rank: a message figure
 

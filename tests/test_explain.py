@@ -821,7 +821,7 @@ def test_renders_as_text_and_compact_html():
                   "hint    Linear 'head.fc' expects"):
         assert words in text
     html = exp._repr_html_()
-    assert html.startswith("<div class='singlecard-explain'") and html.count("<tr>") == 6
+    assert html.startswith("<div class='singlecard-explain ") and html.count("<tr>") == 6
     assert "Linear &#x27;head.fc&#x27; expects" in html and "<script" not in html
 
 

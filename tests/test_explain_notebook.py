@@ -62,12 +62,15 @@ def test_a_cell_failing_inside_a_module_shows_the_explanation(ip, shown):
     assert type(error) is RuntimeError
     assert str(error) == "mat1 and mat2 shapes cannot be multiplied (4x16 and 32x2)"
     assert sys.last_value is error and sys.last_traceback is error.__traceback__
-    assert len(shown) == 1 and isinstance(shown[0], explain.Explanation)
-    assert shown[0].module == "head" and shown[0].chain == [("", "Net"), ("head", "Linear")]
-    assert shown[0].hint.startswith("Linear 'head' expects the last dimension of its input to be 32")
+    banner, shown = shown  # the banner above the traceback, the explanation under it
+    assert isinstance(banner, explain.Banner) and isinstance(shown, explain.Explanation)
+    assert shown.module == "head" and shown.chain == [("", "Net"), ("head", "Linear")]
+    assert shown.hint.startswith("Linear 'head' expects the last dimension of its input to be 32")
+    assert banner.text == f"singlecard_nb.explain: Linear 'head' failed: {shown.hint} (details " \
+        "under the traceback)"
     # the line of the cell that called it, named as IPython names cells
     assert re.fullmatch(r"In\[\d+\], line 11 in forward: return self.head\(self.body\(x\)\)",
-                        shown[0].where)
+                        shown.where)
 
 
 def test_tb_still_prints_torchs_traceback(ip, shown, capsys):
@@ -102,7 +105,7 @@ def test_explain_off_and_on(ip, shown, capsys):
     ip.run_line_magic("singlecard", "explain on")
     assert "are on" in capsys.readouterr().out
     ip.run_cell("model(torch.randn(4, 8))")
-    assert len(shown) == 1
+    assert [type(o) for o in shown] == [explain.Banner, explain.Explanation]
 
 
 def test_bare_explain_shows_the_last_error(ip, shown):
@@ -133,6 +136,55 @@ def test_the_callback_is_borrowed_and_given_back(ip, shown):
     assert ip.events.callbacks["post_run_cell"].count(explain_cells._show_explanation) == 1
 
 
+def test_the_banner_comes_before_the_traceback_and_unloading_gives_showtraceback_back(
+        ip, monkeypatch, capsys):
+    from IPython.display import display
+
+    monkeypatch.setattr(explain_cells, "display", display)  # the shell's own, printing here
+    original = type(ip).showtraceback
+    ip.run_cell("model(torch.randn(4, 8))")
+    out = ANSI.sub("", capsys.readouterr().out)
+    banner = out.index("singlecard_nb.explain: Linear 'head' failed: Linear 'head' expects")
+    assert banner < out.index("Traceback (most recent call last)") < out.index("  hint    Linear")
+    assert out.count("(details under the traceback)") == 1
+    ip.run_line_magic("unload_ext", "singlecard_nb")
+    assert "showtraceback" not in vars(ip) and ip.showtraceback.__func__ is original
+    ip.run_cell("model(torch.randn(4, 8))")
+    assert "singlecard_nb.explain" not in capsys.readouterr().out
+
+
+TRAP = """
+import singlecard_nb as scn
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+trapped = nn.Sequential(nn.Linear(8, 8), Log())
+insp = scn.inspect(trapped, trap=True)
+"""
+
+
+def test_the_traps_frames_are_hidden_unless_xmode_verbose(ip, shown, capsys):
+    ip.run_cell(TRAP).raise_error()
+    try:
+        ip.run_cell("trapped(torch.randn(4, 8))")
+        hidden = ANSI.sub("", capsys.readouterr().out)
+        ip.run_line_magic("xmode", "verbose")
+        ip.run_cell("trapped(torch.randn(4, 8))")
+        verbose = ANSI.sub("", capsys.readouterr().out)
+    finally:
+        ip.run_line_magic("xmode", "context")
+        ip.run_cell("insp.stop()")
+    assert "NonFiniteError: " in hidden and re.search(r"\[\.\.\. skipping hidden \d+ frame\]", hidden)
+    assert "in CallTracker.on_forward" not in hidden and "in Recorder.record_call" not in hidden
+    assert "in Recorder._check_finite" in hidden  # IPython keeps the raising frame
+    assert "in Module._call_impl" in hidden  # torch's call of the module stays
+    assert "skipping hidden" not in verbose
+    assert "CallTracker.on_forward" in verbose and "Recorder.record_call" in verbose
+    assert [type(o).__name__ for o in shown] == ["Banner", "Explanation"] * 2
+
+
 def test_a_failure_to_explain_is_said_once_not_raised(ip, shown, monkeypatch, capsys):
     def broken(exc):
         raise RuntimeError("boom")
@@ -148,7 +200,7 @@ def test_a_failure_to_explain_is_said_once_not_raised(ip, shown, monkeypatch, ca
 
 
 @pytest.mark.slow
-def test_in_a_kernel_the_explanation_follows_the_traceback(tmp_path):
+def test_in_a_kernel_the_banner_precedes_and_the_explanation_follows_the_traceback(tmp_path):
     import nbformat
 
     tagged = {"tags": ["raises-exception"]}
@@ -166,13 +218,17 @@ def test_in_a_kernel_the_explanation_follows_the_traceback(tmp_path):
     assert len(report.expected_errors) == 2
 
     outputs = report.nb.cells[1].outputs
-    assert [o.output_type for o in outputs] == ["error", "display_data"]
-    error, shown = outputs
+    # the banner first (on screen when the cell fails), the traceback, then the explanation
+    assert [o.output_type for o in outputs] == ["display_data", "error", "display_data"]
+    banner, error, shown = outputs
+    assert "class='singlecard-explain-banner " in banner.data["text/html"]
+    assert banner.data["text/plain"].startswith("singlecard_nb.explain: Linear 'head' failed: "
+                                                "Linear 'head' expects the last dimension")
     assert error.ename == "RuntimeError"
     assert error.evalue == "mat1 and mat2 shapes cannot be multiplied (4x16 and 32x2)"
     # IPython's traceback, intact, down to torch's own line
     assert "F.linear(input" in ANSI.sub("", "\n".join(error.traceback))
-    assert "class='singlecard-explain'" in shown.data["text/html"]
+    assert "class='singlecard-explain " in shown.data["text/html"]
     text = shown.data["text/plain"]
     assert text.startswith("singlecard_nb.explain: Linear 'head' failed")
     assert "hint    Linear 'head' expects the last dimension of its input to be 32" in text

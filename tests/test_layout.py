@@ -18,7 +18,7 @@ import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
 WINGS = ("pinning", "parallel", "inspection", "diagnosis")
-GROUND_FLOOR = ("borrow", "dtypes", "errors", "job", "notices")  # import nothing of ours; every layer may import them
+GROUND_FLOOR = ("borrow", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
 
 
 def _module_name(path: Path) -> str:

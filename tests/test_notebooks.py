@@ -43,7 +43,7 @@ def test_quickstart_runs_and_shows_picker_live_view_plot_and_trap():
     # the failing cell (tagged raises-exception) is explained right under its traceback
     assert [e.split(": ", 1)[1] for e in report.expected_errors] == [
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x8192 and 2048x64)"]
-    assert any("class='singlecard-explain'" in h and "classifier.0" in h for h in html)
+    assert any("class='singlecard-explain " in h and "classifier.0" in h for h in html)
     assert "expects the last dimension of its input to be 2048 (in_features); it got 8192" in text
     assert "computing on cpu" in text  # the described GPUs are not usable by this torch: said so
     assert any("[singlecard watch] cpu RSS" in h for h in html)

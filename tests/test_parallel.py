@@ -412,7 +412,7 @@ def test_init_process_group_twice_and_destroy_then_init_form_worlds_of_one():
     first = dist.group.WORLD
     assert (dist.get_rank(), dist.get_world_size(), dist.get_backend()) == (0, 1, "gloo")
     dist.destroy_process_group()
-    with pytest.warns(UserWarning, match="world size 8 requested"):
+    with pytest.warns(UserWarning, match=r"init_process_group\(world_size=8\) is a job of 8 ranks"):
         distributed_c10d.init_process_group(
             "gloo", init_method="env://", rank=3, world_size=8, timeout=SHORT
         )
@@ -441,11 +441,13 @@ def test_distributed_sampler_defaults_cover_the_whole_dataset():
 
 def test_a_launcher_world_size_is_overridden_with_a_notice(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
-    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match=r"WORLD_SIZE=4 \(the environment\) is a job of 4 ranks"
+                                         r".* does 1/4 of the job's work per step"):
+        parallel.enable(CPU)  # said where single-card mode first sees it
     assert os.environ["WORLD_SIZE"] == "4"  # set by someone else: left alone
-    with pytest.warns(UserWarning, match="world of one"):
-        dist.init_process_group("gloo", timeout=SHORT)
+    dist.init_process_group("gloo", timeout=SHORT)
     assert dist.get_world_size() == 1
+    assert any("job of 4 ranks" in n and n.endswith("(×2)") for n in parallel.report()["notices"])
 
 
 # --- the gloo listener of a world-of-one group ------------------------------------------------
@@ -544,6 +546,8 @@ def test_spawn_runs_rank_0_in_this_process_and_says_so_once():
     assert calls == [(0, 4, threading.get_ident(), os.getpid())]
     notices = parallel.report()["notices"]
     assert any("asked for 4 processes; single-card mode runs rank 0 only" in n for n in notices)
+    assert any("torch.multiprocessing.spawn(nprocs=4) is a job of 4 ranks" in n
+               and "1/4 of the job's work per step" in n for n in notices)  # the batch it implies
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mp.spawn(_worker, args=(calls, 4), nprocs=4)  # said once

@@ -361,7 +361,7 @@ def test_status_of_a_hard_pin(env):
     text, page = repr(status), status._repr_html_()
     for needle in (GPU1, "FASTEST_FIRST -> PCI_BUS_ID", "(unset) -> " + GPU1, "not started",
                    "0.1 / 80.0 GiB used", "$CUDA_VISIBLE_DEVICES", "single-card mode"):
-        assert needle in text and needle.replace(">", "&gt;") in page
+        assert needle in text and needle.replace(">", "&gt;").replace("$", "&#36;") in page
 
 
 def test_status_of_a_mig_pin_reports_the_mig_memory(env):

@@ -127,6 +127,22 @@ def user_line(exc: BaseException) -> tuple[str | None, str | None]:
     return location(filename, lineno, function), source
 
 
+_MAX_NEIGHBOURS = 64
+
+
+def user_modules(exc: BaseException) -> list[tuple[str, nn.Module]]:
+    """The modules named in the namespace of the deepest frame outside torch and singlecard_nb
+    (a cell's variables, a training function's locals), the first few."""
+    found = None
+    for frame, _ in _frames(exc.__traceback__):
+        if not normalised(frame.f_code.co_filename).startswith(LIBRARY_DIRS):
+            found = frame
+    if found is None:
+        return []
+    return [(name, value) for name, value in list(found.f_locals.items())
+            if isinstance(value, nn.Module) and not name.startswith("_")][:_MAX_NEIGHBOURS]
+
+
 def location(filename: str, lineno: int, function: str) -> str:
     """"In[5], line 3 in forward" for a notebook cell, else "model.py:31 in forward"."""
     cell = _notebook_cell(filename)

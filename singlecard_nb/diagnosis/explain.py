@@ -18,24 +18,27 @@ import dataclasses
 import html
 import re
 import sys
-from collections.abc import Iterator
-from typing import Any
 
-import torch
-
-from ..dtypes import dtype_name
+from .. import theme
 from ..errors import NonFiniteError
 from ..job import place
 from . import hints
-from .calls import Call, chain_of, child_name, join, module_calls, module_label, user_line
+from .calls import (
+    Call,
+    chain_of,
+    child_name,
+    join,
+    module_calls,
+    module_label,
+    user_line,
+    user_modules,
+)
 from .compiled import traced_calls, traced_stack, traced_user_line
-from .failure import Failure, counts, shape_text
+from .described import Described, describe, describe_row, input_leaves, values_text
+from .failure import Failure, counts
 
-_MAX_INPUTS = 32  # a Hugging Face cache can hold hundreds of tensors: describe the first ones
-_MAX_DEPTH = 4
 _MAX_ALIASES = 4
 _MAX_MESSAGE = 400
-Described = tuple  # (index or name, shape, dtype, device)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -60,6 +63,8 @@ class Explanation:
     aliases: list[str] = dataclasses.field(default_factory=list)  # other paths of a shared module
     rank: int | None = None  # under torchrun (WORLD_SIZE > 1): the process's rank
     traced: bool = False  # found by torch.compile's tracing: no call ran, no inputs are known
+    # index -> "x∈[-2.1, 3.4] nan!×3" of the inputs small enough to read at once
+    values: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -76,8 +81,9 @@ class Explanation:
         if self.where:
             rows.append(("where", self.where))
         none = "not known: torch.compile was tracing, no call ran" if self.traced else "no tensors"
-        rows.append(("inputs", "; ".join(_describe_row(d) for d in self.inputs) or none))
-        rows.append(("params", "; ".join(_describe_row(d) for d in self.params) or "none of its own"))
+        rows.append(("inputs", "; ".join(describe_row(d, self.values.get(d[0]))
+                                         for d in self.inputs) or none))
+        rows.append(("params", "; ".join(describe_row(d) for d in self.params) or "none of its own"))
         if self.hint:
             rows.append(("hint", self.hint))
         return rows
@@ -85,6 +91,10 @@ class Explanation:
     def _headline(self) -> str:
         rank = f"[rank {self.rank}] " if self.rank is not None else ""
         return f"{rank}singlecard_nb.explain: {self.label} failed"
+
+    def banner(self) -> Banner:
+        """The one line to show above the traceback."""
+        return Banner(self._headline(), self.hint)
 
     def __repr__(self) -> str:
         rows = self.rows()
@@ -101,10 +111,38 @@ class Explanation:
                f"<code>{html.escape(text)}</code>") + "</td></tr>"
             for heading, text in self.rows()
         )
-        return ("<div class='singlecard-explain' style='border-left:3px solid #d9534f;"
+        return theme.no_math(  # a `$` in a message must not start MathJax
+                f"<div class='singlecard-explain {theme.NO_MATH_CLASSES}' "
+                "style='border-left:3px solid #d9534f;"
                 "padding:2px 8px;margin:4px 0;font-size:12px'>"
                 f"<div><b>{html.escape(self._headline())}</b></div>"
                 f"<table style='border-collapse:collapse;margin:0'>{body}</table></div>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Banner:
+    """One line shown above the traceback of a failing cell, so the diagnosis is on screen when
+    the cell fails; the full explanation follows the traceback."""
+
+    headline: str  # "singlecard_nb.explain: Linear 'head.fc' failed"
+    hint: str | None
+
+    @property
+    def text(self) -> str:
+        said = f": {self.hint}" if self.hint else ""
+        return f"{self.headline}{said} (details under the traceback)"
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        said = f": {html.escape(self.hint)}" if self.hint else ""
+        return theme.no_math(
+                f"<div class='singlecard-explain-banner {theme.NO_MATH_CLASSES}' "
+                "style='border-left:3px solid #d9534f;"
+                "padding:2px 8px;margin:2px 0;font-size:12px'>"
+                f"<b>{html.escape(self.headline)}</b>{said} "
+                "<span style='opacity:0.7'>(details under the traceback)</span></div>")
 
 
 def explain(exc: BaseException | None = None) -> Explanation | None:
@@ -136,54 +174,6 @@ def build(exc: BaseException) -> Explanation | None:
     return None
 
 
-# --- describing tensors --------------------------------------------------------------------
-
-
-def _leaves(obj: Any, index: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
-    """(index, tensor or numpy array) inside an argument; other values are skipped."""
-    if isinstance(obj, torch.Tensor) or (type(obj).__module__ == "numpy" and hasattr(obj, "shape")):
-        yield index, obj
-    elif depth >= _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            yield from _leaves(getattr(obj, field.name, None), f"{index}.{field.name}", depth + 1)
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for name, item in zip(obj._fields, obj):
-            yield from _leaves(item, f"{index}.{name}", depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj[:_MAX_INPUTS]):
-            yield from _leaves(item, f"{index}[{i}]", depth + 1)
-    elif isinstance(obj, dict):
-        for key, item in list(obj.items())[:_MAX_INPUTS]:
-            yield from _leaves(item, f"{index}[{key!r}]", depth + 1)
-
-
-def _input_leaves(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    leaves: list[tuple[str, Any]] = []
-    for i, arg in enumerate(args):
-        leaves += _leaves(arg, f"[{i}]")
-    for key, value in kwargs.items():
-        leaves += _leaves(value, f"[{key!r}]")
-    return leaves[:_MAX_INPUTS]
-
-
-def describe(name: str, value: Any) -> Described:
-    """(name, shape, dtype, device) of a tensor or numpy array; nothing of it is kept."""
-    if isinstance(value, torch.Tensor):
-        try:
-            shape = tuple(value.shape)
-        except (RuntimeError, ValueError):  # an uninitialised lazy parameter has no shape yet
-            shape = None
-        return name, shape, dtype_name(value.dtype), str(value.device)
-    return name, tuple(value.shape), f"numpy {value.dtype}", "numpy"
-
-
-def _describe_row(described: Described) -> str:
-    name, shape, dtype, device = described
-    return f"{name} {shape_text(shape)} {dtype} {device}"
-
-
 # --- putting it together -------------------------------------------------------------------
 
 
@@ -205,7 +195,7 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
                if m is innermost.module and p and p != path
                and p.replace("_orig_mod.", "") != path][:_MAX_ALIASES]  # torch.compile's wrapper
     module_type = type(innermost.module).__name__
-    leaves = _input_leaves(innermost.args, innermost.kwargs)
+    leaves = input_leaves(innermost.args, innermost.kwargs)
     own = [*innermost.module.named_parameters(recurse=False),
            *innermost.module.named_buffers(recurse=False)]
     location, source = traced_user_line(stack) if stack else (None, None)
@@ -215,11 +205,19 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         exception=raised, module=innermost.module, path=path, label=module_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
-        traced=bool(stack)))
+        traced=bool(stack),
+        callers=[(p, c.module, c.args, c.kwargs) for p, c in zip(paths, calls)],
+        neighbours=user_modules(raised)))
+    # after a CUDA error the context may be gone, and out of memory reading values would
+    # allocate: then shapes only
+    cuda_broken = bool(re.search(r"CUDA error|device-side assert|CUBLAS_STATUS|cuDNN error|"
+                                 r"out of memory", str(raised)))
     return Explanation(
         module=path, module_type=module_type,
         chain=[(p, type(c.module).__name__) for p, c in zip(paths, calls)],
         inputs=[describe(i, v) for i, v in leaves],
+        values={i: text for i, v in leaves
+                if not cuda_broken and (text := values_text(v)) is not None},
         params=[describe(n, t) for n, t in own],
         hint=hint, exception=_headline(exc) + (_traced_error(exc) if stack else ""),
         where=f"{location}: {source}" if location and source else location,

@@ -7,12 +7,15 @@ the `Failure`: shapes, dtypes and NaN/Inf counts are written the same way in eve
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from .calls import module_label
 
 
 @dataclasses.dataclass
@@ -31,6 +34,11 @@ class Failure:
     registered: bool = True  # False: held in a plain list/dict, not a submodule of its caller
     non_finite: Any = None  # the NonFiniteError, when the trap raised it
     traced: bool = False  # torch.compile was tracing: nothing ran, no inputs on the stack
+    # The module calls around it, outermost first, itself last: (path, module, args, kwargs).
+    callers: list[tuple[str, nn.Module, tuple, dict]] = dataclasses.field(default_factory=list)
+    # Modules in the namespace of the user's failing line, by name (the model next to a loss
+    # called in a cell: `loss = criterion(model(x), y)` has only the loss on the stack).
+    neighbours: list[tuple[str, nn.Module]] = dataclasses.field(default_factory=list)
 
     @property
     def message(self) -> str:
@@ -53,6 +61,41 @@ class Failure:
                *self.module.named_buffers(recurse=False)]
         return own or [*self.module.named_parameters(), *self.module.named_buffers()]
 
+    def outermost(self) -> tuple[str, nn.Module, tuple, dict] | None:
+        """The outermost module call on the stack (the model the user called), if not this one."""
+        return self.callers[0] if len(self.callers) > 1 else None
+
+    def scope(self) -> list[tuple[str, nn.Module]]:
+        """(label, module) of every module of the model on the stack and of the models next to
+        the user's failing line, each module once: where a rule may look for the code that made
+        an input."""
+        seen: set[int] = set()
+        found: list[tuple[str, nn.Module]] = []
+        roots = [("", self.callers[0][1])] if self.callers else []
+        for base, root in roots + self.neighbours:
+            for path, module in root.named_modules():
+                if id(module) not in seen:
+                    seen.add(id(module))
+                    name = f"{base}.{path}" if base and path else base or path
+                    found.append((module_label(type(module).__name__, name), module))
+        return found
+
+    def forward_lines(self, pattern: str) -> list[tuple[str, str]]:
+        """(module label, line) of the lines matching `pattern` in the forward of the modules
+        in `scope` whose class is the user's (not torch's)."""
+        found, read = [], set()
+        for label, module in self.scope():
+            cls = type(module)
+            if cls in read or cls.__module__.startswith("torch."):
+                continue
+            read.add(cls)
+            try:
+                lines = inspect.getsourcelines(cls.forward)[0]
+            except (OSError, TypeError):  # defined where no source is kept
+                continue
+            found += [(label, line.strip()) for line in lines if re.search(pattern, line)]
+        return found
+
     def code(self) -> str:
         """The failing line, quoted, for sentences that point at it."""
         if self.source and self.location:
@@ -65,6 +108,10 @@ Rule = Callable[[Failure], "str | None"]
 
 
 # --- words the sentences share --------------------------------------------------------------
+
+
+LENGTH_NAMES = ("max_len", "max_length", "max_seq_len", "max_position_embeddings", "n_positions",
+                "block_size", "context_length", "seq_len", "n_ctx")
 
 
 def shape_text(shape: Any) -> str:

@@ -45,9 +45,12 @@ RULES: tuple[Rule, ...] = (
     losses.binary_target,
     sequences.rnn_input,
     sequences.attention_inputs,
+    sequences.attention_mask_length,
     code.view_non_contiguous,
     code.view_invalid_shape,
+    code.cat_sizes,
     code.broadcast_sizes,
+    sequences.longer_than_positions,  # after broadcast_sizes, which quotes the user's own line
     tensors.dtype_mismatch,
     code.traced_by_compile,
 )

@@ -24,6 +24,14 @@ ONLY_IN_B = "only in b"
 PER_RANK_GRADIENT = "per-rank gradient"
 STATUSES = (COMPARED, SHAPE_DIFFERS, ONLY_IN_A, ONLY_IN_B, PER_RANK_GRADIENT)
 
+# The spacing of floating-point numbers near 1 (machine epsilon) by the frame's dtype names.
+# Runs in other dtypes (fp32 against bf16 autocast) differ by rounding at every layer: their
+# values are compared with rtol at least PRECISION_FACTOR × the coarser dtype's epsilon.
+EPSILON = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "tfloat32": 2.0 ** -10,
+           "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float8_e4m3fn": 2.0 ** -3,
+           "float8_e4m3fnuz": 2.0 ** -3, "float8_e5m2": 2.0 ** -2, "float8_e5m2fnuz": 2.0 ** -2}
+PRECISION_FACTOR = 4  # measured: a 12-layer GPT, fp32 vs bf16, stays within 1.1 × eps
+
 
 @dataclasses.dataclass(frozen=True)
 class Alignment:
@@ -37,6 +45,8 @@ class Alignment:
     ranks_a: list[int]
     ranks_b: list[int]
     by_rank: bool  # both sides hold the same ranks (more than one): rows align rank by rank
+    rtol_given: float | None = None  # the rtol asked for, where a coarser dtype raised `rtol`
+    coarse_dtype: str | None = None  # the least precise dtype of the rows whose dtypes differ
 
 
 def check_stats(stats, rtol: float, atol: float, *frames) -> tuple[str, ...]:
@@ -82,7 +92,8 @@ def align(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
         keys.append("rank")
     scale_by_std = "mean" in stats and "std" in a.columns and "std" in b.columns
     values = list(dict.fromkeys(stats + (("std",) if scale_by_std else ())))
-    described = [c for c in ("type", "shape", "dtype") if c in a.columns and c in b.columns]
+    described = [c for c in ("type", "shape", "dtype", "training")
+                 if c in a.columns and c in b.columns]
     left = _prepared(a, keys, values + described)
     right = _prepared(b, keys, values + described)
     merged = left.merge(right, on=keys + ["_occ"], how="outer", suffixes=("_a", "_b"),
@@ -98,6 +109,9 @@ def align(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
         partial = (status == COMPARED) & (merged["io"] == "param_grad").to_numpy()
         status = np.where(partial, PER_RANK_GRADIENT, status)
     compared = status == COMPARED
+    rtol_given, coarse = rtol, _coarse_dtype(merged, compared) if "dtype" in described else None
+    if coarse is not None:
+        rtol = max(rtol, PRECISION_FACTOR * EPSILON[coarse])
     rel, over = _differences(merged, stats, rtol, atol, scale_by_std)
 
     out = merged[keys].copy()
@@ -121,7 +135,7 @@ def align(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
         out[f"{stat}_a"] = _values(merged[f"{stat}_a"])
         out[f"{stat}_b"] = _values(merged[f"{stat}_b"])
         out[f"{stat}_rel"] = table[:, i]
-    for column in ("shape", "dtype"):
+    for column in ("shape", "dtype", "training"):
         if column in described:
             out[f"{column}_a"], out[f"{column}_b"] = merged[f"{column}_a"], merged[f"{column}_b"]
     out["note"] = _row_notes(merged, both, described)
@@ -132,7 +146,19 @@ def align(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
         "side": np.where(in_a, 0, 1), "step": out["step"].to_numpy(), "pos": out["_pos"],
         "rank": np.where(in_a, merged["_rank_a"], merged["_rank_b"]).astype(int)})
     out = out.iloc[order.sort_values(["side", "step", "pos", "rank"], kind="stable").index]
-    return Alignment(out.reset_index(drop=True), stats, rtol, atol, ranks_a, ranks_b, by_rank)
+    return Alignment(out.reset_index(drop=True), stats, rtol, atol, ranks_a, ranks_b, by_rank,
+                     rtol_given if rtol != rtol_given else None, coarse)
+
+
+def _coarse_dtype(merged, compared) -> str | None:
+    """The least precise floating dtype on either side of the compared rows whose dtypes differ
+    (None when the runs agree on every dtype, or the coarser one is no float we know)."""
+    differ = compared & (merged["dtype_a"] != merged["dtype_b"]).fillna(False).to_numpy(dtype=bool)
+    if not differ.any():
+        return None
+    names = set(merged["dtype_a"][differ]) | set(merged["dtype_b"][differ])
+    known = [n for n in names if n in EPSILON]
+    return max(known, key=EPSILON.__getitem__) if known else None
 
 
 def _prepared(frame, keys: list[str], columns: list[str]):
@@ -185,7 +211,7 @@ def _row_notes(merged, both, described: list[str]) -> list[str]:
     import numpy as np
 
     notes: list[list[str]] = [[] for _ in range(len(merged))]
-    for column in ("type", "dtype"):
+    for column in ("type", "dtype", "training"):
         if column in described:
             for i in np.flatnonzero(both & (merged[f"{column}_a"] != merged[f"{column}_b"])
                                     .fillna(False).to_numpy(dtype=bool)):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import TRAP_FRAME
 from .diagnostics import Diagnostics
 from .recorder import Recorder
 from .targets import Target
@@ -255,6 +256,7 @@ class CallTracker:
         """The global forward hook; with `own_hooks`, the hook of a module with forward hooks of
         its own, which runs after them (see attach.py). One body for both: this runs once
         per module call, where each Python frame counts."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         target = (self.targets if own_hooks else self.hooked).get(id(module))
         if target is None or not self.recording or _is_compiling() or target.ref() is not module:
             return
@@ -265,6 +267,7 @@ class CallTracker:
 
     def _on_outside_call(self, target, module, args, kwargs, output) -> None:
         """A module call while the hook is installed, but not inside this thread's call."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if self.manual_steps and not self.depth:
             self._record_call(target, module, args, kwargs, output)  # manual: all calls count
         elif in_backward():

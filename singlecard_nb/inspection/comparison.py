@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import html
 
+from .. import theme
 from .alignment import (
     COMPARED,
     ONLY_IN_A,
     ONLY_IN_B,
     PER_RANK_GRADIENT,
+    PRECISION_FACTOR,
     SHAPE_DIFFERS,
     Alignment,
     align,
@@ -75,6 +77,9 @@ class Comparison:
         self.first = self._divergence(diverged.iloc[0]) if len(diverged) else None
         self._first_order = (None if self.first is None else
                              (int(diverged["step"].iloc[0]), int(diverged["_pos"].iloc[0])))
+        # what differs in kind at the first divergence (training mode, dtype), said beside it
+        self._first_note = str(diverged["note"].iloc[0]) if len(diverged) else ""
+        self.dtype_change = first_dtype_change(self._frame)
 
     def _divergence(self, row) -> Divergence:
         stat = row["stat"]
@@ -108,7 +113,7 @@ class Comparison:
         """Largest relative difference per module, modules in execution order (a Figure)."""
         if stat is not None and stat not in self.stats:
             raise ValueError(f"stat must be one of {', '.join(self.stats)}; got {stat!r}")
-        from .plots import divergence_plot
+        from .compare_plot import divergence_plot
 
         return divergence_plot(self._frame, stat, self.rtol, self.first, self.labels)
 
@@ -120,7 +125,10 @@ class Comparison:
         if self.first is None:
             return (f"{la} and {lb} agree within rtol={self.rtol:g}, atol={self.atol:g} on all "
                     f"{counts[COMPARED]} aligned tensors ({', '.join(self.stats)})")
-        return f"first divergence: {self.first}"
+        cause = ""
+        if self._first_note:
+            cause = f" ({self._first_note})"
+        return f"first divergence: {self.first}{cause}"
 
     def _summary(self) -> str:
         c = self.counts
@@ -141,7 +149,8 @@ class Comparison:
     def _repr_html_(self) -> str:
         from .summary import html_table
 
-        parts = [f"<div class='singlecard-compare'><p><b>{html.escape(self._headline())}</b></p>",
+        parts = [f"<div class='singlecard-compare {theme.NO_MATH_CLASSES}'><p><b>"
+                 f"{html.escape(self._headline())}</b></p>",
                  f"<p>{html.escape(self._summary())}</p>"]
         if self.notes:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
@@ -152,10 +161,12 @@ class Comparison:
             highlight = rows.index == rows.index[0]
             import pandas as pd
 
-            parts.append(html_table(rows, bad=pd.Series(highlight)))
+            # the shared table's highlight, as a tint the dark theme's light text reads on
+            parts.append(html_table(rows, bad=pd.Series(highlight)).replace(
+                'style="background:#fdd"', f'style="background:{theme.BAD_ROW}"'))
             if more > 0:
                 parts.append(f"<p>… {more} more diverged tensors in cmp.frame()</p>")
-        return "".join(parts) + "</div>"
+        return theme.no_math("".join(parts) + "</div>")
 
     def __repr__(self) -> str:
         lines = [self._headline(), self._summary()] + [f"- {n}" for n in self.notes]
@@ -210,14 +221,59 @@ def structural_notes(aligned: Alignment, a, b, labels: tuple[str, str]) -> list[
         row = reshaped.iloc[0]
         notes.append(f"shape differs in {len(reshaped)} tensors, not compared (first: "
                      f"{_where(row)}: {row['shape_a']} vs {row['shape_b']})")
-    if "dtype_a" in frame.columns:
-        retyped = frame[(frame["status"] == COMPARED)
-                        & (frame["dtype_a"] != frame["dtype_b"])]
-        if len(retyped):
-            row = retyped.iloc[0]
-            notes.append(f"dtype differs in {len(retyped)} tensors, values compared (first: "
-                         f"{_where(row)}: {row['dtype_a']} vs {row['dtype_b']})")
+    if "training_a" in frame.columns:
+        moded = frame[_differs(frame, "training")]
+        if len(moded):
+            row = moded.iloc[0]
+            users = moded[moded["type"].fillna("").str.contains(_MODE_TYPES)] \
+                if "type" in moded.columns else moded.iloc[:0]
+            first_user = (f"; the first that computes differently in training: "
+                          f"{_where(users.iloc[0])} ({users.iloc[0]['type']})" if len(users) else "")
+            notes.append(
+                f"training mode differs in {len(moded)} tensors (first: {_where(row)}: {la} "
+                f"{_mode(row['training_a'])}, {lb} {_mode(row['training_b'])}{first_user}): "
+                "Dropout and BatchNorm compute differently in training mode, so these values "
+                "differ by design; call model.eval() (or .train()) the same way in both runs")
+    change = first_dtype_change(frame)
+    if change is not None:
+        retyped = int(_differs(frame, "dtype").sum())
+        tolerance = (f"; values compared with rtol={aligned.rtol:g}, {PRECISION_FACTOR} × "
+                     f"{aligned.coarse_dtype}'s precision (rtol={aligned.rtol_given:g} given)"
+                     if aligned.rtol_given is not None else "; values compared")
+        notes.append(f"dtype first differs at {change} ({retyped} tensors differ in dtype"
+                     f"{tolerance})")
     return notes
+
+
+_MODE_TYPES = r"Dropout|BatchNorm|SyncBatchNorm|InstanceNorm|RReLU"
+
+
+def _mode(training) -> str:
+    return "in training mode" if bool(training) else "in eval mode"
+
+
+def _differs(frame, column: str):
+    """Compared rows whose two sides disagree on `column` (a boolean Series)."""
+    return ((frame["status"] == COMPARED)
+            & (frame[f"{column}_a"] != frame[f"{column}_b"]).fillna(False).astype(bool))
+
+
+def first_dtype_change(frame) -> str | None:
+    """Where the two runs' dtypes first differ, in run a's execution order, preferring module
+    outputs (the layer autocast runs in bfloat16, not a later input that only inherits it):
+    "step 0, 'h.0.attn.c_attn' (Linear) output: float32 vs bfloat16"; None where none differs."""
+    if "dtype_a" not in frame.columns:
+        return None
+    retyped = frame[_differs(frame, "dtype")]
+    if not len(retyped):
+        return None
+    outputs = retyped[retyped["io"] == "output"]
+    row = (outputs if len(outputs) else retyped).iloc[0]
+    kind = f" ({row['type']})" if isinstance(row.get("type"), str) else ""
+    module = repr(row["module"]) if row["module"] else "''"
+    index = f" {row['index']}" if row["index"] else ""
+    return (f"step {row['step']}, {module}{kind} {row['io']}{index}: {row['dtype_a']} vs "
+            f"{row['dtype_b']}")
 
 
 def _where(row) -> str:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..dtypes import NAMES as _DTYPE_NAMES
 from ..dtypes import dtype_name
-from ..errors import NonFiniteError
+from ..errors import TRAP_FRAME, NonFiniteError
 from .diagnostics import Diagnostics
 from .stats import VALUES, StepStats, reducible
 from .store import Store
@@ -97,6 +97,7 @@ class Recorder:
     # --- module calls -----------------------------------------------------------------------
     def record_call(self, target: Target, module: nn.Module, args, kwargs, output) -> None:
         """One call of an inspected module: its output (and inputs, with inputs=True)."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         key = id(module)
         call = self.calls.get(key, 0)
         self.calls[key] = call + 1
@@ -121,6 +122,7 @@ class Recorder:
 
     def record_structure(self, target: Target, call: int, io: str, obj: Any,
                          training: bool, inputs: Any = None) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if io == "input":
             args, kwargs = obj
             items = walk_tensors(args)
@@ -141,6 +143,7 @@ class Recorder:
 
     def record_tensor(self, target: Target, call: int, io: str, index: str,
                       t: torch.Tensor, training: bool, inputs: Any = None) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         dtype = t.dtype
         values = None
         with self._lock:
@@ -181,6 +184,7 @@ class Recorder:
             self.hook_grad(t, target, call, index, training)
 
     def _check_finite(self, target, call, io, index, values, inputs) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
         nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
         if nan or inf:
@@ -190,6 +194,8 @@ class Recorder:
                     bool(torch.isfinite(t).all()) for _, t in walk_tensors(inputs)
                     if reducible(t) and (t.is_floating_point() or t.is_complex()))
             self.flush()
+            # The trap: this module's output holds NaN/Inf. The explanation under the traceback
+            # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
                                  nan, inf, inputs_finite)
 
@@ -200,6 +206,7 @@ class Recorder:
 
     def guarded(self, fn, *args) -> None:
         """Run a recording step; a failure is recorded and warned about once, never raised."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         try:
             fn(*args)
         except NonFiniteError:
@@ -214,6 +221,7 @@ class Recorder:
         step = self.step
 
         def on_grad(grad: torch.Tensor) -> None:
+            __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
             if grad is not None and self._active():
                 self.guarded(self.record_grad, target, call, "grad", index, grad, step, training)
 
@@ -222,6 +230,7 @@ class Recorder:
             self._tensor_hooks.append(handle)
 
     def record_grad(self, target, call, io, index, grad, step, training) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if step != self.step:
             return  # a backward through a graph of an older step: not this step's gradient
         self.record_tensor(target, call, io, index, grad, training)

@@ -100,4 +100,4 @@ def _explain(shell: Any, error: Exception) -> None:
     from . import explain_cells
 
     if explain_cells.is_on(shell):
-        explain_cells.show(error)
+        explain_cells.show(shell, error)

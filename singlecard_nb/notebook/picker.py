@@ -13,7 +13,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from .. import borrow, session
+from .. import borrow, session, theme
 from ..pinning import devices, pinning
 from . import picker_view as view
 from .picker_view import memory_bar, short_uuid
@@ -115,6 +115,8 @@ def _make_picker_class() -> Any:
             self.children = (self.header, self.table, controls, self.show_outside, self.status,
                              self.errors)
             self.add_class("singlecard-picker")
+            for css_class in theme.NO_MATH_CLASSES.split():
+                self.add_class(css_class)
             self.refresh()
             self._follow_pins()
 
@@ -168,9 +170,9 @@ def _make_picker_class() -> Any:
                 with self._lock:
                     self._render()
 
-        def _say(self, message: str, colour: str = "#333") -> None:
+        def _say(self, message: str, colour: str = theme.TEXT) -> None:
             self.status.value = (f'<div style="color:{colour};white-space:pre-wrap;'
-                                 f'font-size:12px">{html.escape(message)}</div>')
+                                 f'font-size:12px">{theme.no_math(html.escape(message))}</div>')
 
         # --- callbacks ------------------------------------------------------------------
         def _guarded(self, action: Callable[[], None]) -> None:
@@ -182,9 +184,9 @@ def _make_picker_class() -> Any:
                 action()
             except (pinning.TargetError, devices.MachineFileError) as e:
                 # the user's input or setting, not a bug: say it, no traceback
-                self._say(f"Not pinned: {e}", "#c00")
+                self._say(f"Not pinned: {e}", theme.ERROR)
             except Exception as e:
-                self._say(f"Error: {type(e).__name__}: {e} (traceback below)", "#c00")
+                self._say(f"Error: {type(e).__name__}: {e} (traceback below)", theme.ERROR)
                 self._show_traceback()
             finally:
                 for control in buttons:
@@ -224,7 +226,7 @@ def _make_picker_class() -> Any:
                 state = session.pin(target, machine=now, force=force)
                 with self._lock:
                     self._render()
-                self._say(state.summary(), "#060" if state.hard else "#c60")
+                self._say(state.summary(), theme.GOOD if state.hard else theme.WARN)
 
             self._guarded(pin)
 
@@ -279,7 +281,7 @@ def _make_picker_class() -> Any:
                     self.refresh()
                 except Exception as e:
                     self._say(f"Auto-refresh stopped: {type(e).__name__}: {e} (traceback below)",
-                              "#c00")
+                              theme.ERROR)
                     self._show_traceback()
                     self._owner.restore()
                     return

@@ -9,6 +9,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
+from .. import theme
 from ..pinning import render
 from ..pinning.render import Column, Row, gib, mig_label, mig_number
 
@@ -28,7 +29,7 @@ def memory_bar(used: int | None, total: int | None, width_px: int = 120) -> str:
     fraction = min(max(used / total, 0.0), 1.0)
     colour = next(c for threshold, c in _BAR_COLOURS if fraction >= threshold)
     return (
-        f'<span style="display:inline-block;width:{width_px}px;height:9px;background:#e6e6e6;'
+        f'<span style="display:inline-block;width:{width_px}px;height:9px;background:{theme.TRACK};'
         f'vertical-align:middle;border-radius:2px">'
         f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;background:{colour};'
         f'border-radius:2px"></span></span> '
@@ -48,7 +49,7 @@ def _device_words(state: Any) -> str:
 def header_html(machine: Any, state: Any) -> str:
     source = html.escape(str(getattr(machine, "source", "")))
     driver = getattr(machine, "driver_version", None)
-    lines = [f"<b>GPUs</b> <span style='color:#777;font-size:11px'>({source}"
+    lines = [f"<b>GPUs</b> <span style='color:{theme.MUTED};font-size:11px'>({source}"
              f"{', driver ' + html.escape(driver) if driver else ''})</span>"]
     if getattr(machine, "allocation", None) is not None:
         lines.append(f"<span style='font-size:12px'>Allocation: "
@@ -59,7 +60,7 @@ def header_html(machine: Any, state: Any) -> str:
         lines.append(f"<span style='font-size:12px'><b>Pinned ({html.escape(state.mode)}):</b> "
                      f"{html.escape(_device_words(state))} → "
                      f"<code>{html.escape(str(state.torch_device))}</code></span>")
-    return "<br>".join(lines)
+    return theme.no_math("<br>".join(lines))
 
 
 def find(machine: Any, uuid: str) -> Any:
@@ -81,14 +82,14 @@ def _marks(row: Row, auto: str | None, pinned: str | None) -> str:
     device, uuid = row.device, row.device.uuid
     marks = []
     if uuid and uuid == pinned:
-        marks.append("<b style='color:#060'>● pinned</b>")  # no emoji: many fonts lack it
+        marks.append(f"<b style='color:{theme.GOOD}'>● pinned</b>")  # no emoji: many fonts lack it
     if uuid and uuid == auto:
-        marks.append("<span style='color:#06c'>★ auto</span>")
+        marks.append(f"<span style='color:{theme.INFO}'>★ auto</span>")
     if device.unusable is not None:
-        marks.append(f"<span style='color:#c00' title='{html.escape(device.unusable)}'>"
+        marks.append(f"<span style='color:{theme.ERROR}' title='{html.escape(device.unusable)}'>"
                      "unusable</span>")
     elif not device.in_allocation:
-        marks.append("<span style='color:#999'>outside allocation</span>")
+        marks.append(f"<span style='color:{theme.MUTED}'>outside allocation</span>")
     return " ".join(marks)
 
 
@@ -117,9 +118,9 @@ def _row_attributes(pinned: str | None) -> Callable[[Row], str]:
         css_class = "singlecard-gpu" if row.mig is None else "singlecard-mig"
         device = row.device
         if device.uuid and device.uuid == pinned:
-            style = " style='background:#eaf6ea'"
+            style = f" style='background:{theme.GOOD_ROW}'"
         elif device.unusable is not None or not device.in_allocation:
-            style = " style='color:#999'"
+            style = f" style='color:{theme.MUTED}'"
         else:
             style = ""
         return f" class='{css_class}'{style}"
@@ -130,20 +131,21 @@ def _row_attributes(pinned: str | None) -> Callable[[Row], str]:
 def table_html(machine: Any, auto: str | None, pinned: str | None, why: str = "") -> str:
     if not machine.gpus:
         reason = html.escape(machine.reason or "no GPU found")
-        return (f"<div style='padding:4px 0'>No GPUs: {reason}. "
-                "The CPU can still be pinned (it hides every GPU from this kernel).</div>")
+        return theme.no_math(f"<div style='padding:4px 0'>No GPUs: {reason}. "
+                             "The CPU can still be pinned (it hides every GPU from this "
+                             "kernel).</div>")
     table = render.table_html(
         machine, _columns(auto, pinned), row_attributes=_row_attributes(pinned),
         table_attributes=" class='singlecard-gpus' style='border-collapse:collapse;font-size:12px'",
         cell_attributes=" style='padding:2px 8px;text-align:left'")
     notes = []
     if why:
-        colour = "#06c" if auto else "#c60"
+        colour = theme.INFO if auto else theme.WARN
         mark = "★ " if auto else ""
         notes.append(f"<div style='font-size:11px;color:{colour}'>{mark}{html.escape(why)}</div>")
-    notes += [f"<div style='font-size:11px;color:#c60'>{html.escape(line)}</div>"
+    notes += [f"<div style='font-size:11px;color:{theme.WARN}'>{html.escape(line)}</div>"
               for line in render.problems(machine)]
-    return table + "".join(notes)
+    return theme.no_math(table + "".join(notes))
 
 
 def options(machine: Any, auto: str | None, show_outside: bool = False) -> list[tuple[str, str]]:

@@ -94,8 +94,10 @@ class CellMemory:
     def _repr_html_(self) -> str:
         import html
 
-        return ('<div style="font-family:monospace;font-size:11px;color:#666">'
-                f"{html.escape(repr(self))}</div>")
+        from .. import theme
+
+        return (f'<div class="{theme.NO_MATH_CLASSES}" style="font-family:monospace;'
+                f'font-size:11px;color:{theme.MUTED}">{theme.no_math(html.escape(repr(self)))}</div>')
 
 
 def _read_status_kib(field: str) -> int | None:

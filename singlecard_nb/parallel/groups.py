@@ -34,6 +34,7 @@ from torch import nn
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from . import world_size as world_size_notice
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
 _CAPTURE_WORLD_AT_IMPORT = (
@@ -41,8 +42,8 @@ _CAPTURE_WORLD_AT_IMPORT = (
     "torch.distributed.optim.zero_redundancy_optimizer",
     "torch.distributed.fsdp.sharded_grad_scaler",
 )
-_RELEASED = ("This DistributedDataParallel was built in single-card mode, and its world-of-one "
-             "process group has since been destroyed (destroy_process_group, `%singlecard off` "
+_RELEASED = ("This DistributedDataParallel (or FullyShardedDataParallel) was built in "
+             "single-card mode, and its world-of-one process group has since been destroyed (destroy_process_group, `%singlecard off` "
              "or `%unload_ext`). Build the wrapper again (its `.module` is intact).")
 
 
@@ -179,17 +180,20 @@ class Groups:
         return requested
 
     def _say_if_world_ignored(self, world_size: Any) -> None:
-        launcher = os.environ.get("WORLD_SIZE", "1")
-        if world_size not in (-1, 1, None) or launcher != "1":
-            asked = world_size if world_size not in (-1, None) else launcher
-            self.notices.say("world", lambda: (
-                f"singlecard_nb: world size {asked} requested; single-card mode runs this "
-                "process as a world of one (rank 0). `%singlecard off` to run real "
-                "multi-process code."), stacklevel=3)
+        if world_size not in (-1, 1, None):
+            world_size_notice.say(self.notices, world_size,
+                                  f"init_process_group(world_size={world_size})", stacklevel=4)
+        elif (size := world_size_notice.from_environ(os.environ)) is not None:
+            world_size_notice.say(self.notices, size, f"WORLD_SIZE={size} (the environment)",
+                                  stacklevel=4)
 
 
 def _release(wrapper: nn.Module) -> None:
-    """Drop a DDP's hold on its process group (so gloo's listener can close)."""
+    """Drop a DDP's (or an FSDP1 tree's) hold on its process group (so gloo's listener can
+    close)."""
+    if _is_fsdp(wrapper):
+        _release_fsdp(wrapper)
+        return
     state = wrapper.__dict__  # also a half-built one: only what is there
     reducer = state.get("reducer")
     if reducer is not None:
@@ -199,6 +203,29 @@ def _release(wrapper: nn.Module) -> None:
     if "process_group" in state:
         state["process_group"] = None
     state["forward"] = _released_forward
+
+
+def _is_fsdp(wrapper: nn.Module) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    return fsdp is not None and isinstance(wrapper, fsdp.FullyShardedDataParallel)
+
+
+def _release_fsdp(wrapper: nn.Module) -> None:
+    # FSDP1 holds its group on every wrapper of the tree, on their flat-parameter handles and
+    # on the execution-order record they share.
+    fsdp = sys.modules["torch.distributed.fsdp.fully_sharded_data_parallel"]
+    if "_modules" not in wrapper.__dict__:  # failed before nn.Module.__init__: holds nothing
+        return
+    for module in wrapper.modules():
+        if not isinstance(module, fsdp.FullyShardedDataParallel):
+            continue
+        state = module.__dict__
+        for holder in (state, getattr(state.get("_handle"), "__dict__", {}),
+                       getattr(state.get("_exec_order_data"), "__dict__", {})):
+            for name in ("process_group", "_inter_node_pg"):
+                if holder.get(name) is not None:
+                    holder[name] = None
+        state["forward"] = _released_forward
 
 
 def _released_forward(*args: Any, **kwargs: Any) -> Any:

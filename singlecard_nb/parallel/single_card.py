@@ -38,8 +38,10 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
-from . import cuda_on_cpu, remap, spawn
+from . import accelerator, cuda_on_cpu, fsdp, mesh, pinned_memory, remap, spawn, world_size
+from .conversions import Conversions
 from .groups import Groups
+from .guards import Guards
 
 __all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
@@ -62,6 +64,7 @@ class _State:
     wrappers: int = 0  # DataParallel / DDP wrappers built while on
     notices: Notices = field(default_factory=Notices)
     groups: Groups | None = None
+    conversions: Conversions = field(default_factory=Conversions)
 
 
 _state = _State()
@@ -87,6 +90,7 @@ def enable(device: torch.device | str) -> None:
     groups = Groups(device, notices)
     _state.owner, _state.device, _state.notices, _state.groups = owner, device, notices, groups
     _state.wrappers = 0
+    conversions = _state.conversions = Conversions()
     done = False
     try:
         # Registered first so it runs last, after the patches are gone; it also runs when
@@ -98,7 +102,15 @@ def enable(device: torch.device | str) -> None:
         remap.install(owner, remap.Remapper(device, notices))
         if device.type != "cuda":
             cuda_on_cpu.install(owner, device, notices)
+            pinned_memory.install(owner, notices)
+        accelerator.install(owner, device, notices)
+        Guards(device, notices).install(owner)
+        fsdp.install(owner, device, groups, notices, conversions)
+        mesh.install(owner, device, notices, conversions)
         spawn.install(owner, notices)
+        if (size := world_size.from_environ(os.environ)) is not None:
+            world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",
+                           stacklevel=world_size.outside_this_package())
         _provide_torchrun_env(owner)
         done = True
     finally:
@@ -144,7 +156,8 @@ def report() -> dict:
     """What single-card mode is doing, for `%singlecard status`.
 
     Keys: enabled, device, patched (labels), wrappers, groups (formed), listeners ("host:port"
-    of gloo sockets our groups opened that are still open), notices (one line per kind).
+    of gloo sockets our groups opened that are still open), notices (one line per kind),
+    converted ("what → what it became (×n)": DataParallel, DDP, FSDP, meshes).
     """
     owner, groups = _state.owner, _state.groups
     labels = list(dict.fromkeys(owner.describe())) if owner is not None else []  # once each
@@ -156,6 +169,7 @@ def report() -> dict:
         "groups": 0 if groups is None else groups.formed,
         "listeners": [] if groups is None else groups.open_listeners(),
         "notices": _state.notices.summary() if owner is not None else [],
+        "converted": _state.conversions.summary() if owner is not None else [],
     }
 
 
@@ -175,6 +189,8 @@ def _patch_data_parallel(owner: Borrowed) -> None:
         self.src_device_obj = device
         self._singlecard_requested = {"device_ids": device_ids, "output_device": output_device}
         _state.wrappers += 1
+        _state.conversions.record(f"DataParallel(device_ids={device_ids!r})",
+                                  f"the module on {device}, in the calling thread")
 
     def forward(self, *inputs, **kwargs):
         with torch.autograd.profiler.record_function("DataParallel.forward"):
@@ -219,6 +235,7 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
         # Bind to the installed torch's own signature: same argument errors, any torch version.
         call = signature.bind(self, module, *args, **kwargs)
         arguments = call.arguments
+        requested = arguments.get("device_ids")
         _fix_devices(module, arguments, _state.device, notices)
         if arguments.get("process_group") is None and arguments.get("device_mesh") is None \
                 and not dist.is_initialized():
@@ -235,6 +252,9 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
             raise
         groups.track(self)
         _state.wrappers += 1
+        _state.conversions.record(
+            f"DistributedDataParallel(device_ids={requested!r})",
+            f"the real DDP on {_state.device}, a world of one")
 
     owner.set_attr(ddp, "__init__", wrap_like(original, __init__))
 

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from . import world_size
 
 
 class RanInThisProcess:
@@ -73,6 +74,7 @@ def _in_this_process(original: Callable, name: str, notices: Notices) -> Callabl
                 f"singlecard_nb: {name} was asked for {nprocs} processes; single-card mode runs "
                 f"rank 0 only. `%singlecard off` (and a script, not a notebook: its functions "
                 f"cannot be pickled) runs {nprocs} real ones."))
+            world_size.say(notices, nprocs, f"torch.multiprocessing.{name}(nprocs={nprocs})")
         environ, threads = dict(os.environ), torch.get_num_threads()
         try:
             fn(0, *fn_args)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import theme
+
 _GIB = 1024**3
 
 
@@ -143,7 +145,7 @@ def table_text(machine: Any, columns: Sequence[Column] = MACHINE_COLUMNS) -> lis
 
 
 def _greyed_if_not_pinnable(row: Row) -> str:
-    return " style='color:#999'" if can_pin_text(row.device) != "yes" else ""
+    return f" style='color:{theme.MUTED}'" if can_pin_text(row.device) != "yes" else ""
 
 
 def table_html(machine: Any, columns: Sequence[Column] = MACHINE_COLUMNS, *,
@@ -188,7 +190,8 @@ def machine_text(machine: Any) -> str:
 
 def machine_html(machine: Any) -> str:
     head = f"<b>{html.escape(title(machine))}</b>"
+    root = f"<div class='{theme.NO_MATH_CLASSES}'>"
     if not machine.gpus:
-        return f"<div>{head}</div>"
+        return theme.no_math(f"{root}{head}</div>")
     small = "<br>".join(html.escape(line) for line in notes(machine))
-    return f"<div>{head}{table_html(machine)}<small>{small}</small></div>"
+    return theme.no_math(f"{root}{head}{table_html(machine)}<small>{small}</small></div>")

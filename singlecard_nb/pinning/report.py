@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import theme
 from . import devices
 from . import driver as driver_probe
 from .model import Machine
@@ -105,12 +106,18 @@ class Status:
                          + [f"  {label.ljust(width)}  {text}" for label, text in rows])
 
     def _repr_html_(self) -> str:
+        # Long values (UUIDs, paths, lists of patches) wrap inside the panel instead of running
+        # past its right edge; `$` is never MathJax's.
+        wrap = "text-align:left;white-space:normal;overflow-wrap:anywhere;word-break:break-word"
         body = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-            f"<td style='text-align:left'>{html.escape(text)}</td></tr>"
+            f"<tr><th style='text-align:left;vertical-align:top;white-space:nowrap'>"
+            f"{html.escape(label)}</th><td style='{wrap}'>{html.escape(text)}</td></tr>"
             for label, text in self.rows()
         )
-        return f"<div><b>singlecard_nb status</b><table>{body}</table></div>"
+        return theme.no_math(
+            f"<div class='singlecard-status {theme.NO_MATH_CLASSES}' style='max-width:100%'>"
+            "<b>singlecard_nb status</b><table style='table-layout:auto;width:100%;"
+            f"max-width:100%'>{body}</table></div>")
 
 
 def _parallel_rows(p: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -121,6 +128,8 @@ def _parallel_rows(p: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("single-card mode",
              f"on {p.get('device')} ({p.get('wrappers', 0)} wrapper(s), {p.get('groups', 0)} "
              "process group(s) formed)")]
+    for i, line in enumerate(p.get("converted", [])):
+        rows.append(("single-card made" if i == 0 else "", line))
     for i, line in enumerate(p.get("notices", [])):
         rows.append(("single-card said" if i == 0 else "", line))
     listeners = p.get("listeners", [])

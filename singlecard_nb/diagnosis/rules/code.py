@@ -11,11 +11,9 @@ import re
 
 from torch import nn
 
-from ..failure import Failure, ints, search
+from ..failure import LENGTH_NAMES, Failure, ints, search
 
 _SIZE_NAMES = re.compile(r"head|embed|embd|d_model|hidden|dim|size")
-_LENGTH_NAMES = ("max_len", "max_length", "max_seq_len", "max_position_embeddings", "n_positions",
-                 "block_size", "context_length", "seq_len", "n_ctx")
 
 
 def _size_attributes(module: nn.Module) -> str:
@@ -47,6 +45,32 @@ def view_invalid_shape(f: Failure) -> str | None:
     return text + _size_attributes(f.module)
 
 
+_RESAMPLING = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Upsample)
+
+
+def cat_sizes(f: Failure) -> str | None:
+    match = search(r"Sizes of tensors must match except in dimension (\d+)\. Expected size (\d+) "
+                   r"but got size (\d+) for tensor number (\d+) in the list", f)
+    if not match:
+        return None
+    dim, want, got, number = (int(m) for m in match.groups())
+    text = (f"In the forward of {f.label}, {f.code()} joins tensors along dimension {dim}, so "
+            f"their other dimensions must be equal; tensor {number} in the list has size {got} "
+            f"where the first has {want}")
+    if abs(want - got) != 1:
+        return text
+    big, small = max(want, got), min(want, got)
+    text += (f": off by one, as when an odd size ({big if big % 2 else small}) is halved by "
+             "pooling or a stride-2 layer and doubled back")
+    ups = [(name, m) for name, m in f.module.named_modules() if isinstance(m, _RESAMPLING)]
+    if len(ups) == 1:
+        name, up = ups[0]
+        text += f" (its {name}, {type(up).__name__}, makes the doubled size)"
+    return text + (": pad or crop one to the other's size before the cat (F.pad(x, ...), or "
+                   "F.interpolate(x, size=skip.shape[2:])), or use inputs whose sizes divide by "
+                   "2 at every level")
+
+
 def broadcast_sizes(f: Failure) -> str | None:
     match = search(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
                    r"at non-singleton dimension (\d+)", f)
@@ -57,7 +81,7 @@ def broadcast_sizes(f: Failure) -> str | None:
             f"{match[3]} differ ({a} vs {b})")
     config = getattr(f.module, "config", None)
     for source in (f.module, config):
-        for name in _LENGTH_NAMES:
+        for name in LENGTH_NAMES:
             limit = getattr(source, name, None)
             if type(limit) is int and limit in (a, b) and max(a, b) > limit:
                 return text + f": the sequence ({max(a, b)}) is longer than {name}={limit}"

@@ -12,6 +12,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from ...dtypes import dtype_name
+from ..calls import module_label
 from ..failure import Failure, ints, moved_dimension, search, shape_text
 
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
@@ -36,11 +37,33 @@ def linear_features(f: Failure) -> str | None:
                 f"{match[2]} and {match[3]} must be equal")
     text = (f"{f.label} expects the last dimension of its input to be {expected} (in_features); "
             f"it got {x.shape[-1]}")
+    unbatched = _unbatched_sample(f, x, expected)
+    if unbatched:
+        return text + unbatched
     moved = moved_dimension(tuple(x.shape), expected, -1)
     if moved is not None:
         text += (f": dimension {moved} of the input {shape_text(x.shape)} is {expected}, so the "
                  "features may be in the wrong dimension")
     return text
+
+
+def _unbatched_sample(f: Failure, x: torch.Tensor, expected: int) -> str | None:
+    """One sample given without its batch dimension: a convolution read it as unbatched, and a
+    flatten(1) then spread its channels over the batch (x holds exactly in_features values)."""
+    outer = f.outermost()
+    if outer is None or x.dim() != 2 or x.shape[0] == 1 or x.numel() != expected:
+        return None
+    path, model, args, kwargs = outer
+    given = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+    convs = [m for m in model.modules() if isinstance(m, _ConvNd)]
+    if given is None or not convs or given.dim() != len(convs[0].kernel_size) + 1:
+        return None
+    name = module_label(type(model).__name__, path)
+    return (f", but its input {shape_text(x.shape)} holds exactly {expected} values, one sample's: "
+            f"{name} was called with {shape_text(given.shape)}, one sample without its batch "
+            f"dimension, which {type(convs[0]).__name__} reads as unbatched, so the flatten before "
+            f"{f.label} spread its {x.shape[0]} channels over the batch; add the batch "
+            "dimension: x.unsqueeze(0) (or x[None])")
 
 
 def conv_channels(f: Failure) -> str | None:

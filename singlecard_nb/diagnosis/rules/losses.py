@@ -53,7 +53,10 @@ def class_target_shape(f: Failure) -> str | None:
         text = (f"{f.label} got {match[1]} rows of scores (input {shape_text(x.shape)}) but "
                 f"{match[2]} targets (target {shape_text(y.shape)})")
         if y.dim() > 1 and y.numel() == int(match[1]):
-            text += ": flatten the target too, target.reshape(-1)"
+            return text + ": flatten the target too, target.reshape(-1)"
+        rows, targets = int(match[1]), int(match[2])
+        if rows > targets and rows % targets == 0:
+            text += _folded_batch(f, rows // targets, x)
         return text
     match = search(r"Expected target size \[([\d, ]+)\], got \[([\d, ]+)\]", f)
     if match:
@@ -118,3 +121,19 @@ def binary_target(f: Failure) -> str | None:
         return (f"{f.label} expects targets in [0, 1]; the target ranges from {low:.3g} to "
                 f"{high:.3g}")
     return None
+
+
+_BATCH_AS_MINUS_ONE = r"\.(?:view|reshape)\(\s*-1\s*,|reshape\([^,]+,\s*[(\[]\s*-1\s*,"
+
+
+def _folded_batch(f: Failure, factor: int, x: torch.Tensor) -> str:
+    """What to say when the scores have `factor` rows per target: a `view(-1, N)` (or reshape)
+    that folded each sample's features into the batch."""
+    rows = int(x.shape[0])
+    text = (f": {rows} is {factor} × {rows // factor}, as when a reshape with -1 in the batch "
+            "position folds each sample's features into the batch")
+    lines = f.forward_lines(_BATCH_AS_MINUS_ONE)
+    if lines:
+        text += f"; `{lines[0][1]}` in the forward of {lines[0][0]} does that"
+    return (text + "; keep the batch dimension with x.view(x.size(0), -1) (or "
+            "x.flatten(1)) and size the Linear after it for the features of one sample")

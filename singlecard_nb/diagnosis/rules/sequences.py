@@ -6,9 +6,11 @@ Each rule reads a `Failure` and returns one sentence or None; `hints.RULES` orde
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from ..failure import Failure, ints, moved_dimension, search, shape_text
+from ..calls import module_label
+from ..failure import LENGTH_NAMES, Failure, ints, moved_dimension, search, shape_text
 
 
 def _batch_first_sentence(f: Failure, batch_first: bool, shape: tuple, what: str, clue: str) -> str:
@@ -80,6 +82,16 @@ def attention_inputs(f: Failure) -> str | None:
                 f", but key_padding_mask {shape_text(mask.shape)} has batch {got}")
         return (f"{f.label} expects key_padding_mask of shape (batch={match[1]}, source length); "
                 f"it is {shape_text(mask.shape)}")
+    key = f.tensor(1, "key")
+    if query.dim() == 3 and key is not None and key.dim() == 3:
+        batch, other = (0, 1) if batch_first else (1, 0)
+        if query.shape[batch] != key.shape[batch] and query.shape[other] == key.shape[other]:
+            # e.g. batch-first (2, 10, E) and (2, 12, E) read sequence-first: batches 10 and 12
+            # (torch then fails in a reshape of its own, which names no input)
+            return _batch_first_sentence(
+                f, batch_first, tuple(query.shape), "the query",
+                f" and the key {shape_text(key.shape)} as batch {key.shape[batch]}, but their "
+                f"dimension {other} agrees ({query.shape[other]})")
     match = search(r"The shape of the 2D attn_mask is torch\.Size\(\[([\d, ]+)\]\), but should "
                    r"be \(([\d, ]+)\)", f)
     if match:
@@ -92,3 +104,70 @@ def attention_inputs(f: Failure) -> str | None:
         return (f"{f.label} expects a 2-D attn_mask of shape {shape_text(ints(match[2]))} "
                 f"(target length, source length); it is {shape_text(given)}")
     return None
+
+
+def _position_limit(f: Failure) -> tuple[str, int] | None:
+    """("max_position_embeddings=512", 512): how many positions the failing module (or the model
+    around it) holds, from its settings, its config, or a position table among its children."""
+    modules = [module for _, module, _, _ in reversed(f.callers)] or [f.module]
+    for module in modules:  # the failing module first, then those around it
+        for source in (module, getattr(module, "config", None)):
+            for name in LENGTH_NAMES:
+                limit = getattr(source, name, None)
+                if type(limit) is int and limit > 0:
+                    return f"{name}={limit}", limit
+    for name, child in modules[0].named_children():
+        if isinstance(child, nn.Embedding) and "pos" in name:
+            return f"{name} of {child.num_embeddings} rows", child.num_embeddings
+    return None
+
+
+def longer_than_positions(f: Failure) -> str | None:
+    """A sequence longer than the model's position table: Hugging Face models fail in a buffer's
+    expand or an add, with the two lengths as the only clue."""
+    limit = _position_limit(f)
+    if limit is None:
+        return None
+    name, size = limit
+    numbers = set(ints(f.message))
+    for index, t in f.tensors():
+        if t.dim() < 2 or (t.is_floating_point() and t.dim() != 3):
+            continue
+        length = t.shape[1]
+        if length > size and {length, size} <= numbers:
+            kind = "token ids" if not t.is_floating_point() else "embeddings"
+            return (f"{f.label} holds {size} positions ({name}); its input {index} "
+                    f"{shape_text(t.shape)} is {kind} for sequences of {length}: truncate the "
+                    f"inputs to {size} tokens (tokenizer(..., truncation=True, max_length={size})) "
+                    "or split long texts into windows")
+    return None
+
+
+def attention_mask_length(f: Failure) -> str | None:
+    """A 4-D attention mask (batch, heads or 1, query length, key length) made for another
+    length than the hidden states it is used with."""
+    mask = next((t for i, t in f.tensors() if "mask" in i and t.dim() == 4), None)
+    hidden = f.tensor(0, "hidden_states")
+    if mask is None or hidden is None or hidden.dim() != 3 or not hidden.is_floating_point():
+        return None
+    length = hidden.shape[1]
+    if mask.shape[-1] == length and mask.shape[-2] in (1, length):
+        return None
+    if not {length, mask.shape[-1]} & set(ints(f.message)):
+        return None
+    if any(t.dim() == 3 and t.shape[1] == mask.shape[-1] for _, t in f.tensors()):
+        return None  # keys of that length are there: cross-attention, the mask fits them
+    given = ""
+    outer = f.outermost()
+    if outer is not None:
+        path, module, _, kwargs = outer
+        passed = kwargs.get("attention_mask")
+        if isinstance(passed, torch.Tensor):
+            given = (f" (the attention_mask given to {module_label(type(module).__name__, path)} "
+                     f"is {shape_text(passed.shape)})")
+    return (f"{f.label} got hidden states {shape_text(hidden.shape)} for sequences of {length} "
+            f"tokens and a 4-D attention mask {shape_text(mask.shape)} for keys of length "
+            f"{mask.shape[-1]}{given}: a 4-D mask is (batch, 1 or heads, query length, key "
+            f"length) and must be built for the same input_ids; pass the tokenizer's 2-D "
+            f"(batch, {length}) attention_mask and let the model expand it, or build the 4-D "
+            f"mask for length {length}")

@@ -129,6 +129,8 @@ def dtype_mismatch(f: Failure) -> str | None:
         stray = [(i, t) for i, t in inputs if t.dtype != expected]
         if stray:
             index, t = stray[0]
+            if not f.registered:
+                return _unregistered_dtype(f, params[0].dtype, index, t.dtype)
             if t.dtype == torch.float64:
                 fix = "numpy arrays are float64 by default: use x.float() (torch.from_numpy(a).float())"
             elif t.dtype in (torch.float16, torch.bfloat16):
@@ -144,3 +146,21 @@ def dtype_mismatch(f: Failure) -> str | None:
     if len(floats) > 1:
         return f"{f.label} got inputs of different dtypes ({', '.join(floats)}): convert them to one"
     return None
+
+
+_CONVERSIONS = {torch.float64: ".double()", torch.float16: ".half()",
+                torch.bfloat16: ".to(torch.bfloat16)", torch.float32: ".float()"}
+
+
+def _unregistered_dtype(f: Failure, own: torch.dtype, index: str, given: torch.dtype) -> str:
+    """A layer a plain list or dict holds: model.double() (.half(), .to(dtype)) never saw it."""
+    name = f.path.rpartition(".")[2]
+    holder, _, key = name.partition("[")
+    kind = "dict" if key[:1] in "'\"" and key else "list"
+    parent = type(f.callers[-2][1]).__name__ if len(f.callers) > 1 else "its caller"
+    conversion = _CONVERSIONS.get(given, f".to({given})")
+    return (f"{f.label} has {dtype_name(own)} parameters; its input {index} is "
+            f"{dtype_name(given)}: '{holder}' is a plain Python {kind} of {parent}, not a "
+            f"registered submodule, so model{conversion} converted the rest of the model but not "
+            f"{name} (nor does .to() move it, or the optimizer see it); hold the layers in "
+            "nn.ModuleList (or nn.ModuleDict)")

@@ -1,0 +1,136 @@
+"""GPU-count guards: a script that checks for N devices before training, then exits.
+
+pytorch/examples' FSDP2, tensor-parallel and minGPT scripts start with
+`if not (torch.accelerator.is_available() and torch.accelerator.device_count() >= 2): sys.exit()`.
+Single-card mode answers such questions truthfully (the one pinned card; under `cpu`, as
+`torch.cuda` does: False / 0), because a count that lied would send every loop over devices
+and every world size taken from it to cards that do not exist. So a guard asking for more
+stops the script: the script's own choice. What single-card mode adds is the reason: when
+user code calls `sys.exit()` after it asked how many devices there are (and heard fewer than
+two), inside an `if` that reads the answer (the asking function's name, or a device word), a
+notice names the line that asked, the guard's line, the exit's, and what to change. Any other
+exit is left alone.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..borrow import Borrowed, wrap_like
+from ..notices import Notices
+
+# (module, function) pairs whose answers a guard reads.
+_QUESTIONS = (("cuda", "device_count"), ("cuda", "is_available"),
+              ("accelerator", "device_count"), ("accelerator", "is_available"))
+
+
+@dataclass
+class _Asked:
+    call: str
+    answer: Any
+    filename: str
+    lineno: int
+    function: str  # the function that asked (a guard calls it: `if not verify_min_gpu_count():`)
+
+    @property
+    def where(self) -> str:  # read only for the notice: asking stays cheap
+        return f"{self.filename.rsplit('/', 1)[-1]}:{self.lineno}"
+
+    @property
+    def line(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
+
+
+class Guards:
+    """Remembers the last device question user code asked; explains an exit that follows."""
+
+    def __init__(self, device: torch.device, notices: Notices) -> None:
+        self.device = device
+        self.notices = notices
+        self.asked: _Asked | None = None
+
+    def install(self, owner: Borrowed) -> None:
+        for module_name, name in _QUESTIONS:
+            module = getattr(torch, module_name, None)
+            original = getattr(module, name, None) if module is not None else None
+            if original is not None:
+                owner.set_attr(module, name, self._asking(original, f"torch.{module_name}.{name}"),
+                               "GPU-count guards")
+        owner.set_attr(sys, "exit", self._exit(sys.exit), "sys.exit (GPU-count guards)")
+
+    def _asking(self, original: Any, call: str) -> Any:
+        def question(*args: Any, **kwargs: Any) -> Any:
+            answer = original(*args, **kwargs)
+            if _too_few(answer) and not _from_torch(frame := sys._getframe(1)):
+                code = frame.f_code
+                self.asked = _Asked(call, answer, code.co_filename, frame.f_lineno, code.co_name)
+            return answer
+
+        return wrap_like(original, question)
+
+    def _exit(self, original: Any) -> Any:
+        def exit(status: Any = None) -> None:
+            frame = sys._getframe(1)
+            asked = self.asked
+            guard = None
+            if asked is not None and not _from_torch(frame):
+                self.asked = None
+                guard = _guard(frame, asked)
+            if asked is not None and guard is not None:
+                self.notices.say("guard", lambda: (
+                    f"singlecard_nb: sys.exit() at {_where(frame)} stops the script after "
+                    f"{asked.call}() answered {asked.answer!r} at {asked.where} "
+                    f"(`{asked.line}`). Single-card mode runs every job as a world of one on "
+                    f"{self.device} and counts that one device truthfully, so the check at "
+                    f"{guard[0]} (`{guard[1]}`) asks for more devices than there are. To run "
+                    "the script here as a world of one, skip that check (only it) and size the "
+                    "job from WORLD_SIZE (1 here); `%singlecard off` on a machine with the GPUs "
+                    "runs it as written."))
+            original(status)
+
+        return wrap_like(original, exit)
+
+
+def _guard(frame: Any, asked: _Asked) -> tuple[str, str] | None:
+    """("file:line", source) of the `if` around the exit when it reads the device question (by
+    the asking function's name, or a device call of its own); None when there is none."""
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    exit_line = linecache.getline(filename, lineno)
+    indent = len(exit_line) - len(exit_line.lstrip())
+    for number in range(lineno - 1, max(lineno - 20, 0), -1):
+        text = linecache.getline(filename, number)
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(text) - len(text.lstrip()) < indent:
+            if stripped.startswith(("if ", "elif ")) and (
+                    asked.function in stripped or any(w in stripped for w in _DEVICE_WORDS)):
+                return f"{filename.rsplit('/', 1)[-1]}:{number}", stripped
+            return None
+    return None
+
+
+_DEVICE_WORDS = ("device_count", "is_available", "gpu", "GPU")
+
+
+def _too_few(answer: Any) -> bool:
+    return answer is False or (type(answer) is int and answer < 2)
+
+
+def _from_torch(frame: Any) -> bool:
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name.startswith(("torch.", "lightning", "pytorch_lightning", "transformers",
+                            "accelerate", "singlecard_nb"))
+
+
+def _where(frame: Any) -> str:
+    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+
+
+def _line(frame: Any) -> str:
+    return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
