@@ -65,4 +65,4 @@ def test_ddp_script_notebook_runs_single_card():
     assert [e.split(": ", 1)[1].split(" (Linear)")[0] for e in report.expected_errors] == [
         "NonFiniteError: 32 NaN and 0 Inf in output of 'transformer.h.0.attn.c_proj'"]
     assert "at step 9" in report.expected_errors[0]
-    assert any("class='singlecard-explain'" in h and "NaN in its own weight" in h for h in html)
+    assert any("class='singlecard-explain " in h and "NaN in its own weight" in h for h in html)
