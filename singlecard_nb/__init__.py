@@ -35,6 +35,7 @@ _EXPORTS = {
     "compare_ranks": "inspection.compare",
     "load": "inspection.records",
     "explain": "diagnosis.explain",
+    "fit": "session",
     "Explanation": "diagnosis.explain",
     "picker": "notebook.picker",
 }

@@ -13,7 +13,7 @@ import sys
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from . import borrow
+from . import borrow, capacity
 from .pinning import pinning, report
 from .pinning.devices import Machine
 from .pinning.driver import DriverState
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["pin", "release", "current", "device", "status", "single_card", "unwrap",
-           "TargetError", "gpus"]
+           "TargetError", "gpus", "card", "fit"]
 
 _SINGLE_CARD = f"{__package__}.parallel.single_card"
 _NATIVE = f"{__package__}.inspection.native"  # inspection's one-read statistics kernel
@@ -143,3 +143,66 @@ def status() -> report.Status:
     return report.build_status(state, pinning.pinned_environ(), active=active,
                                parallel=parallel, statistics=statistics,
                                single_card=state is not None and state is _single_card_pin)
+
+
+def card() -> capacity.Card | None:
+    """The pinned card's memory, read now (NVML, or the described machine); the host's under a
+    `cpu` pin; None when nothing is pinned."""
+    state = pinning.current()
+    if state is None:
+        return None
+    if state.gpu is None:
+        return capacity.host_card()
+    info, source = state.mig or state.gpu, "pin"
+    try:  # free memory changes: read the machine again (cheap, and never starts CUDA)
+        machine = pinning.machine_view()
+        source = machine.source
+        for gpu in machine.gpus:
+            for found in (gpu, *gpu.mig):
+                if found.uuid == info.uuid:
+                    info = found
+    except Exception:  # a machine file broken since the pin: what the pin read stands
+        pass
+    label = f"GPU {state.gpu.index} ({info.name})" if state.mig is None else (
+        f"GPU {state.gpu.index} MIG {info.name}")
+    return capacity.Card(label, str(state.torch_device), info.memory_total, info.memory_free,
+                         source)
+
+
+capacity.provide(card)  # inspection and diagnosis ask the ground floor, never this module
+
+
+def fit(model: nn.Module, batch: Any, optimizer: Any = None, loss_fn: Any = None,
+        device: Any = None) -> Any:
+    """Plan one training step of `model` on `batch` without running it for real: the predicted
+    peak by kind and by module, the largest batch that fits the pinned card's free memory, and
+    what to change (`sizing/fit.py`). Nothing of the real model or optimizer changes.
+
+    batch: what the model is called with: a tensor, a tuple (positional) or a dict (keywords).
+    loss_fn: output -> loss (default: a scalar output, `.loss`, or the sum of the outputs).
+    device: whose memory to fit in (default: the pinned card; else the model's device).
+    """
+    from .sizing.fit import fit as plan_fit
+
+    return plan_fit(model, batch, optimizer=optimizer, loss_fn=loss_fn,
+                    card=_card_for(model, device))
+
+
+def _card_for(model: nn.Module, device: Any) -> capacity.Card | None:
+    import torch
+
+    pinned = card()
+    if device is None:
+        if pinned is not None:
+            return pinned
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cpu":
+        return capacity.host_card()
+    if pinned is not None and pinned.device.split(":")[0] == device.type:
+        return pinned
+    if device.type == "cuda" and torch.cuda.is_initialized():  # asked for it: CUDA runs already
+        free, total = torch.cuda.mem_get_info(device)
+        return capacity.Card(str(device), str(device), total, free, "torch")
+    return None

@@ -1,6 +1,6 @@
 """The folder layout is the architecture: imports run one way, and no wing imports another.
 
-notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/)  ->  borrow
+notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/, sizing/)  ->  borrow
 Every import counts, also the ones inside functions (a lazy import is still a dependency).
 """
 
@@ -17,8 +17,8 @@ import pytest
 import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
-WINGS = ("pinning", "parallel", "inspection", "diagnosis")
-GROUND_FLOOR = ("borrow", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
+WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing")
+GROUND_FLOOR = ("borrow", "capacity", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
 
 
 def _module_name(path: Path) -> str:

@@ -66,3 +66,24 @@ def test_ddp_script_notebook_runs_single_card():
         "NonFiniteError: 32 NaN and 0 Inf in output of 'transformer.h.0.attn.c_proj'"]
     assert "at step 9" in report.expected_errors[0]
     assert any("class='singlecard-explain " in h and "NaN in its own weight" in h for h in html)
+
+
+def test_memory_notebook_plans_explains_the_oom_and_shows_the_fixed_run():
+    report = _run("memory_on_one_card.ipynb")
+    assert report.errors == [], str(report)
+    assert [e.split(": ", 1)[1].split(".")[0] for e in report.expected_errors] == [
+        "OutOfMemoryError: CUDA out of memory"]
+    text = "".join(o.get("text", "") for _, o in _outputs(report.nb))
+    plain = text + "".join("".join(o["data"].get("text/plain", ""))
+                           for _, o in _outputs(report.nb) if "data" in o)
+    # before running: scn.fit says it does not fit the described card, and what to change
+    assert "does NOT fit GPU 0 (NVIDIA A100-SXM4-80GB) (40.0 MiB available)" in plain
+    assert "gradient-accumulation steps keeps the global batch of 256" in plain
+    # the OOM explained under the failing cell, by module, with the micro-batch
+    html = [o["data"]["text/html"] for _, o in _outputs(report.nb) if "text/html" in o.get("data", {})]
+    explained = [h for h in html if "class='singlecard-explain'" in h]
+    assert len(explained) == 1 and "ran out of GPU memory trying to allocate" in explained[0]
+    assert "biggest: blocks.0" in explained[0] and "DataParallel split over 4 GPUs" in explained[0]
+    # the fixed run fits, and insp.memory() shows what each module holds
+    assert "the step fit" in text
+    assert "singlecard_nb memory (step" in plain and "optimizer" in plain

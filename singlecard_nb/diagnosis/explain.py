@@ -205,7 +205,7 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         exception=raised, module=innermost.module, path=path, label=module_label(module_type, path),
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
-        traced=bool(stack),
+        traced=bool(stack), root=root, root_inputs=input_leaves(calls[0].args, calls[0].kwargs),
         callers=[(p, c.module, c.args, c.kwargs) for p, c in zip(paths, calls)],
         neighbours=user_modules(raised)))
     # after a CUDA error the context may be gone, and out of memory reading values would

@@ -39,6 +39,8 @@ class Failure:
     # Modules in the namespace of the user's failing line, by name (the model next to a loss
     # called in a cell: `loss = criterion(model(x), y)` has only the loss on the stack).
     neighbours: list[tuple[str, nn.Module]] = dataclasses.field(default_factory=list)
+    root: Any = None  # the outermost module on the traceback (the model), when known
+    root_inputs: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # its inputs
 
     @property
     def message(self) -> str:

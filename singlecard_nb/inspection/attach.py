@@ -162,6 +162,12 @@ class Attachment:
             raise
         self._owner = owner
 
+    def listen_to_optimizers(self, listener: Callable) -> None:
+        """`listener(optimizer, args, kwargs)` after every torch.optim step while attached."""
+        _optimizer_listeners.add(listener)
+        self._owner.on_restore(lambda: _optimizer_listeners.discard(listener),
+                               "optimizer step listener (memory=True)")
+
     def detach(self) -> None:
         """Give every hook and patch back (harmless when already given back)."""
         owner, self._owner = self._owner, None

@@ -107,6 +107,15 @@ class CallTracker:
         with self._lock:
             self.depth = self.root_depth = 0
             self._midway = None
+            if self._recorder.memory is not None:
+                self._recorder.memory.exit()
+
+    def _calls_ended(self) -> None:
+        """No call of the model is open: the global hook goes unless the step spans calls."""
+        if not self.spans_step():
+            self._remove_hook()
+        if self._recorder.memory is not None:
+            self._recorder.memory.exit()
 
     def begin_step(self) -> None:
         self._end_probes()  # a step began: the model is called the way the engine expects
@@ -147,6 +156,8 @@ class CallTracker:
             self._say("threads", _THREADS)
         elif opened[0] == 0 and (not self.manual_steps or self._recorder.step < 0):
             self.begin_step()
+        if opened is not None and opened[0] == 0 and self.recording and self._recorder.memory is not None:
+            self._recorder.memory.enter(kind == "root")  # memory=True: saves seen in the call
         return opened
 
     def open_midway(self, frame: Any) -> None:
@@ -171,8 +182,8 @@ class CallTracker:
             if self.thread != _get_ident():
                 return
             self.depth, self.root_depth = opened
-            if self.depth == 0 and not self.spans_step():
-                self._remove_hook()
+            if self.depth == 0:
+                self._calls_ended()
 
     def settle(self, me: int | None = None, kind: str = "") -> bool:
         """Close calls that Ctrl-C left open; True when thread `me` may open a call now.
@@ -198,8 +209,8 @@ class CallTracker:
                 if stale > 0:
                     self.depth -= stale
                     self.root_depth -= stale
-            if self.depth == 0 and not self.spans_step():
-                self._remove_hook()
+            if self.depth == 0:
+                self._calls_ended()
             return self.depth == 0 or owner == me
 
     # --- hooks ------------------------------------------------------------------------------

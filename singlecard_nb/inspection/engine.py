@@ -26,7 +26,8 @@ from .attach import Attachment
 from .calls import CallTracker
 from .compile_watch import compile_listeners
 from .diagnostics import Diagnostics
-from .options import Kept, check_arguments
+from .memory_view import MemoryWatch
+from .options import Kept, check_arguments, check_memory
 from .recorder import Recorder
 from .stats import VALUES
 from .store import COLUMNS, DEFAULT_MAX_ROWS, Store, to_frame
@@ -57,7 +58,8 @@ class Inspector:
     def __init__(self, model: nn.Module, include=None, exclude=None, every: int = 1,
                  grads: bool = False, trap: bool = False, max_rows: int | None = None,
                  inputs: bool | str = "root", hist=None, hist_bins: int = 64,
-                 exact_std: bool = False, steps: str = "forward", params: bool = False):
+                 exact_std: bool = False, steps: str = "forward", params: bool = False,
+                 memory: bool = False):
         model, wrapper = check_arguments(model, every, max_rows, steps, inputs)
         # Weak references: while active the attach owner holds the model (and the model's hooks
         # hold this inspector); once stopped, nothing here keeps the model's memory alive.
@@ -82,6 +84,9 @@ class Inspector:
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes)
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
+        # memory=True: what each module saved for backward and returned (memory.py)
+        self._memory = (MemoryWatch(model, self._calls, self._recorder, self._diagnostics)
+                        if check_memory(memory) else None)
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -121,6 +126,8 @@ class Inspector:
         self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
                             params=self.params, on_detach=self._detached)
         compile_listeners.add(self._compile_listener)
+        if self._memory is not None:
+            self._memory.started(model, self._attach.listen_to_optimizers)
         _active[id(model)] = self
         _latest[id(model)] = self
         if wrapper is not None:
@@ -141,6 +148,8 @@ class Inspector:
         if _active.get(self._model_id) is self:
             del _active[self._model_id]
         compile_listeners.discard(self._compile_listener)
+        if self._memory is not None:
+            self._memory.stopped(self._model())
         self._calls.close_all()
         self._recorder.flush()
 
@@ -238,6 +247,20 @@ class Inspector:
         """Per-module aggregate over steps; renders as a table in notebooks."""
         return Summary(self)
 
+    def memory(self, optimizer=None):
+        """memory=True: what each module holds (parameters, gradients, optimizer state, and of
+        the last recorded step the activations saved for backward and the outputs), biggest
+        first, with totals against the pinned card. `.frame()` gives the DataFrame.
+
+        optimizer: whose state to count (default: the torch.optim optimisers seen stepping
+            this model's parameters while inspected).
+        """
+        if self._memory is None:
+            raise ValueError("insp.memory() needs an inspector started with memory=True: "
+                             "scn.inspect(model, memory=True) or %inspect model --memory.")
+        self._recorder.flush()
+        return self._memory.table(self._model(), optimizer)
+
     def add_listener(self, fn: Callable[[Inspector], None]) -> None:
         """Call `fn(insp)` each time a recorded step's statistics reach the host."""
         self._store.listeners.append(fn)
@@ -324,7 +347,7 @@ def inspector(model: nn.Module | None = None) -> Inspector:
 def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads: bool = False,
             trap: bool = False, max_rows: int | None = None, *, inputs: bool | str = "root",
             hist=None, hist_bins: int = 64, exact_std: bool = False,
-            steps: str = "forward", params: bool = False) -> Inspector:
+            steps: str = "forward", params: bool = False, memory: bool = False) -> Inspector:
     """Inspect `model`: use as `with inspect(model) as insp:` or call `.start()` / `.stop()`.
 
     include, exclude: glob patterns (str, comma-separated str, or list) matched against module
@@ -346,6 +369,9 @@ def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads:
         ("param", index = parameter name) and the gradient it used ("step_grad": under DDP
         after the all-reduce). Parameters identical across ranks are what DDP promises;
         `compare_ranks` checks them.
+    memory: also the bytes of each output's storage ("mem_out") and what each module's
+        forward saved for backward ("mem_saved"; on a GPU also the running peak, "mem_peak"),
+        and `insp.memory()`: what each module holds.
     """
     return Inspector(model, include, exclude, every, grads, trap, max_rows, inputs, hist,
-                     hist_bins, exact_std, steps, params).start()
+                     hist_bins, exact_std, steps, params, memory).start()

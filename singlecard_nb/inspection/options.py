@@ -35,6 +35,13 @@ def check_arguments(model: Any, every: Any, max_rows: Any, steps: Any,
     return model, None
 
 
+def check_memory(memory: Any) -> bool:
+    """memory=: True or False (a name like "on" is a mistake worth naming)."""
+    if not isinstance(memory, bool):
+        raise ValueError(f"memory must be True or False, got {memory!r}")
+    return memory
+
+
 class Kept:
     """An option or count kept by the one part of the inspector that uses it, read and set
     through the Inspector: `every = Kept("_calls")` makes `insp.every` its call tracker's."""

@@ -22,6 +22,7 @@ from ..dtypes import NAMES as _DTYPE_NAMES
 from ..dtypes import dtype_name
 from ..errors import TRAP_FRAME, NonFiniteError
 from .diagnostics import Diagnostics
+from .memory import MemoryLedger, peak_bytes
 from .stats import VALUES, StepStats, reducible
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
@@ -32,6 +33,7 @@ from .targets import Target
 _SEEN_WINDOW = 64
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
+_NO_MEMORY = (float("nan"),) * 3  # memory columns of a row that is not an output
 _DEVICE_NAMES: dict[torch.device, str] = {}
 
 
@@ -51,6 +53,7 @@ class _Pending:
         self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
         self.stats = StepStats(exact_std)
         self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
 
 
 class Recorder:
@@ -83,6 +86,8 @@ class Recorder:
         self._tensor_hooks: list = []  # gradient hooks put on this step's tensors
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
+        self.memory: MemoryLedger | None = None  # memory=True (the engine sets it)
+        self._call_saved = 0.0  # what the call being recorded saved: on its first output row
 
     def begin_step(self) -> int:
         """The pending step reaches the host and the next one begins; returns its number."""
@@ -92,6 +97,8 @@ class Recorder:
         self.remove_tensor_hooks()
         self.step += 1
         self.calls.clear()
+        if self.memory is not None:
+            self.memory.begin_step(self.step)
         return self.step
 
     # --- module calls -----------------------------------------------------------------------
@@ -103,6 +110,8 @@ class Recorder:
         self.calls[key] = call + 1
         training = module.training
         try:
+            if self.memory is not None:
+                self._call_saved = float(self.memory.leave(module, target.path))
             if self.inputs is True:
                 self.record_structure(target, call, "input", (args, kwargs), training)
             inputs = (args, kwargs) if self.trap else None
@@ -173,6 +182,8 @@ class Recorder:
                                  shape, _DTYPE_NAMES.get(dtype) or dtype_name(dtype),
                                  _DEVICE_NAMES.get(device) or _device_name(device), training))
             pending.slots.append(slot)
+            if self.memory is not None:
+                pending.memory.append(self._memory_row(target, io, t))
             full = len(pending.rows) >= pending.max_rows
             if target.hist and io == "output" and slot is not None and t.numel():
                 self.guarded(self._take_histogram, target, t)
@@ -182,6 +193,12 @@ class Recorder:
             self._check_finite(target, call, io, index, values, inputs)
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
+
+    def _memory_row(self, target: Target, io: str, t: torch.Tensor) -> tuple:
+        if io != "output":
+            return _NO_MEMORY
+        saved, self._call_saved = self._call_saved, 0.0  # the call's first output row has it
+        return self.memory.output(t, target.path), saved, peak_bytes(t)
 
     def _check_finite(self, target, call, io, index, values, inputs) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
@@ -297,5 +314,6 @@ class Recorder:
             except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
                 self._failed(e, f"statistics of step {rows[0][0]}")
                 values = np.full((n, len(VALUES)), np.nan)
-            self._store.receive(rows, values, pending.hists)
+            memory = np.array(pending.memory[:n], dtype=float) if self.memory else None
+            self._store.receive(rows, values, pending.hists, memory)
         self._store.tell_listeners()

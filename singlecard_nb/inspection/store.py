@@ -25,6 +25,7 @@ COLUMNS = (
 )
 META = (*COLUMNS[:9], "training")  # the row tuple of one tensor, without statistics and rank
 DEFAULT_MAX_ROWS = 100_000
+MEMORY_COLUMNS = ("mem_out", "mem_saved", "mem_peak")  # memory=True (see memory.py)
 
 
 @dataclasses.dataclass
@@ -34,6 +35,7 @@ class StepRecord:
     meta: list[tuple]
     values: np.ndarray
     rank: int
+    memory: np.ndarray | None = None  # memory=True: [rows, 3] of MEMORY_COLUMNS
     _first_rows: dict[tuple, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def first_rows(self, io: str, training: bool | None = None) -> dict[str, int]:
@@ -71,10 +73,11 @@ class Store:
         self.last_step = -1
 
     def receive(self, rows: list[tuple], values: np.ndarray,
-                hists: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Keep one (part of a) step: its rows, their VALUES and its histograms."""
+                hists: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                memory: np.ndarray | None = None) -> None:
+        """Keep one (part of a) step: its rows, their VALUES, histograms and memory columns."""
         with self._lock:
-            record = StepRecord(rows, values, rank())
+            record = StepRecord(rows, values, rank(), memory)
             for path, (counts, lo_hi) in hists.items():
                 try:
                     lo, hi = lo_hi.tolist()
@@ -122,8 +125,9 @@ class Store:
                 self._records.popleft()
                 excess -= len(oldest.meta)
             else:
+                memory = oldest.memory[excess:] if oldest.memory is not None else None
                 self._records[0] = StepRecord(oldest.meta[excess:], oldest.values[excess:],
-                                              oldest.rank)
+                                              oldest.rank, memory)
                 excess = 0
 
 
@@ -143,4 +147,10 @@ def to_frame(records: Sequence[StepRecord]):
         columns[name] = pd.array(column, dtype="Int64") if name in ("nan", "inf") else column
     columns["rank"] = np.repeat([r.rank for r in records], [len(r.meta) for r in records])
     columns["training"] = meta["training"].astype(bool)
+    if any(r.memory is not None for r in records):  # memory=True: bytes, NaN where not taken
+        memory = np.concatenate([r.memory if r.memory is not None
+                                 else np.full((len(r.meta), 3), np.nan) for r in records])
+        for i, name in enumerate(MEMORY_COLUMNS):
+            if name != "mem_peak" or not np.isnan(memory[:, i]).all():  # mem_peak: GPU only
+                columns[name] = memory[:, i]
     return pd.concat([meta.iloc[:, :9], pd.DataFrame(columns, index=meta.index)], axis=1)

@@ -38,6 +38,9 @@ def _options(func):
                  help="Show a view that updates in place while training runs."),
         argument("--max-rows", type=int, default=None, metavar="N",
                  help="Keep at most N rows (ring buffer)."),
+        argument("--memory", action="store_true",
+                 help="Also bytes of outputs and of what each module saved for backward "
+                      "(mem_out, mem_saved); insp.memory() shows what each module holds."),
     ]):
         func = decorator(func)
     return func

@@ -1,0 +1,220 @@
+"""`memory=True`: what each module's forward saved for backward, and the bytes of its outputs.
+
+While a recorded call of the model runs, autograd's saved-tensor hooks
+(`torch.autograd.graph.saved_tensors_hooks`, pushed when the call opens and popped when it
+closes) see every tensor autograd saves. Each saved storage is counted once per step (views and
+shared storages are not counted twice) for the innermost inspected module running, known from a
+stack that a global forward pre-hook pushes and the recorder's per-call hook pops. Parameters and
+buffers are resident anyway and are not counted. The hooks pack a detached alias (packing the
+tensor itself would tie a saved output to its own graph in a cycle that outlives the step) and
+check its version on unpack, as autograd does without hooks: an in-place change of a saved
+tensor is still an error.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from .diagnostics import Diagnostics
+
+_push = torch._C._autograd._push_saved_tensors_default_hooks
+_pop = torch._C._autograd._pop_saved_tensors_default_hooks
+_OUTSIDE = ""  # saves made in no inspected module (the root's own code is the root's, "")
+
+
+def storage_of(t: torch.Tensor) -> tuple[int, int, Any] | None:
+    """(key, bytes, storage) of a tensor's storage; None for tensors without one."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes(), storage
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
+
+
+_Parameter = nn.Parameter
+
+
+def _unpack(saved: tuple) -> torch.Tensor:
+    """What `_pack` kept, a (detached alias, version) pair: the version checked as autograd
+    checks it without hooks."""
+    t, version = saved
+    if version is not None and t._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{t.type()} {list(t.shape)}] is at version {t._version}; "
+            f"expected version {version} instead. (singlecard_nb's memory=True checks "
+            "this in its saved-tensor hooks, as autograd does without them.)")
+    return t
+
+
+class MemoryLedger:
+    """Saved-for-backward and output bytes of one inspector's recorded steps.
+
+    Changed only in the model's thread (hooks of its forward), under the inspector's lock where
+    the recorder calls it; `table()` copies what the last finished step recorded.
+    """
+
+    def __init__(self, model: nn.Module, targets: Callable[[], dict], diagnostics: Diagnostics):
+        self._model = weakref.ref(model)
+        self._targets = targets  # id(module) -> Target, the call tracker's
+        self._say = diagnostics.say
+        self._stack: list[nn.Module] = []
+        self._pushed = False
+        self._pre_hook = None
+        self._exclude: set[int] = set()  # storages of parameters and buffers
+        self._saved_keys: dict[int, Any] = {}  # saved storages of this step -> weakref
+        self._output_keys: dict[int, str] = {}  # output storages of this step -> its module
+        self._pending: dict[int, int] = {}  # id(module) -> saved bytes of its open call
+        # path -> bytes of this step (ints in two dicts: no container per call for the
+        # garbage collector to walk), and the last finished step's path -> (saved, outputs)
+        self._saved: dict[str, int] = {}
+        self._outputs: dict[str, int] = {}
+        self.last: dict[str, tuple[int, int]] = {}
+        self.last_step = self._step_no = -1
+        self.outside = 0  # saved in no inspected module (this step)
+        self._thread = 0  # the thread whose saved-tensor hooks are pushed (they are per thread)
+
+    # --- a recorded call of the model -------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        if self._saved or self._outputs:
+            self.last, self.last_step = self._table(), self._step_no
+        self._step_no = step
+        self._saved, self._outputs, self._saved_keys, self._output_keys = {}, {}, {}, {}
+        self._pending, self.outside = {}, 0
+
+    def enter(self, root_running: bool) -> None:
+        """The outermost recorded call of the model (`root_running`: the model itself, whose
+        pre-hooks torch has already chosen, so it is put on the stack here) or of a step
+        method opens: saves are seen from now on."""
+        if self._pushed:
+            return
+        model = self._model()
+        if model is None:
+            return
+        # parameters are told by their class (views of them by their base), buffers by storage
+        self._exclude = {key for t in model.buffers() if (key := _key(t)) is not None}
+        targets = self._targets()
+        self._stack[:] = [model] if root_running and id(model) in targets else []
+        try:
+            _push(self._pack, _unpack)
+        except RuntimeError as e:  # saved-tensor hooks disabled by the caller (vmap, compile)
+            self._say("memory-hooks", f"memory=True cannot see what autograd saves here: {e}. "
+                      "mem_saved stays empty for these calls.")
+            return
+        self._pushed, self._thread = True, threading.get_ident()
+        stack = self._stack
+
+        def entered(module: nn.Module, args: Any) -> None:  # per module call: kept lean
+            if id(module) in targets:
+                stack.append(module)
+
+        self._pre_hook = register_module_forward_pre_hook(entered)
+
+    def exit(self) -> None:
+        """The call closed (or Ctrl-C left it open and it was settled): hooks off."""
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
+        if self._pushed and self._thread == threading.get_ident():
+            self._pushed = False
+            _pop()
+        self._stack.clear()
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor has no version counter
+            version = None
+        try:
+            self._count_saved(t)
+        except Exception as e:  # accounting never breaks the forward it watches
+            self._say("memory-failed", f"memory=True could not count a saved tensor ({e!r}).")
+        return t.detach(), version
+
+    def _count_saved(self, t: torch.Tensor) -> None:
+        if type(t) is _Parameter or type(t._base) is _Parameter:
+            return  # resident anyway (an isinstance check would run Python per tensor)
+        found = storage_of(t)
+        if found is None:
+            return
+        key, nbytes, storage = found
+        if not key or key in self._exclude:
+            return
+        ref = self._saved_keys.get(key)
+        if ref is not None and ref() is not None:
+            return  # a view of (or the same) storage saved before: counted once
+        self._saved_keys[key] = weakref.ref(storage)
+        returned_by = self._output_keys.pop(key, None)
+        if returned_by is not None:  # an output saved by a later module: an activation now
+            self._outputs[returned_by] -= nbytes
+        if self._stack:
+            module = id(self._stack[-1])
+            self._pending[module] = self._pending.get(module, 0) + nbytes
+        else:
+            self.outside += nbytes
+
+    # --- per module call (from the recorder) ------------------------------------------------
+    def leave(self, module: nn.Module, path: str) -> int:
+        """A call of `module` ended: the bytes it saved (its children's are theirs)."""
+        stack = self._stack
+        if stack and stack[-1] is module:
+            stack.pop()
+        elif module in stack:  # calls that raised never popped: they end with their caller
+            while stack and stack.pop() is not module:
+                pass
+        saved = self._pending.pop(id(module), 0)
+        self._saved[path] = self._saved.get(path, 0) + saved
+        return saved
+
+    def output(self, t: torch.Tensor, path: str) -> float:
+        """Bytes of an output's storage; the first module to return a storage holds it."""
+        found = storage_of(t)
+        if found is None:
+            return float("nan")
+        key, nbytes, _ = found
+        if (key and key not in self._output_keys and key not in self._exclude
+                and key not in self._saved_keys):
+            self._output_keys[key] = path
+            self._outputs[path] = self._outputs.get(path, 0) + nbytes
+        return float(nbytes)
+
+    def table(self) -> tuple[int, dict[str, tuple[int, int]]]:
+        """(step, path -> (saved, outputs)) of the latest step whose forward has ended."""
+        if self.last and (self._pushed or not (self._saved or self._outputs)):
+            return self.last_step, dict(self.last)  # this step's forward still runs
+        return self._step_no, self.current()
+
+    def _table(self) -> dict[str, tuple[int, int]]:
+        return {p: (self._saved.get(p, 0), self._outputs.get(p, 0))
+                for p in {**self._saved, **self._outputs}}
+
+    def current(self) -> dict[str, tuple[int, int]]:
+        """This step so far, calls still running included (what the out-of-memory rule reads
+        while the failed step's tensors are still alive)."""
+        table = self._table()
+        targets = self._targets()
+        for module, saved in list(self._pending.items()):
+            target = targets.get(module)
+            if target is not None:
+                done, outputs = table.get(target.path, (0, 0))
+                table[target.path] = (done + saved, outputs)
+        return table
+
+
+def _key(t: torch.Tensor) -> int | None:
+    found = storage_of(t)
+    return found[0] if found is not None else None
+
+
+def peak_bytes(t: torch.Tensor) -> float:
+    """The device's running peak of allocated bytes (CUDA tensors only; NaN elsewhere)."""
+    if t.device.type != "cuda":
+        return float("nan")
+    return float(torch.cuda.max_memory_allocated(t.device))
