@@ -26,8 +26,8 @@ PROG = "python -m singlecard_nb"
 _VALUED = {"--device", "--every", "--save", "--include", "--exclude", "--max-rows", "-m"}
 # Options that mean "inspect": each one turns --inspect on
 _OWN = ("device", "inspect", "save", "module")  # the rest are inspect()'s, by their names
-_INSPECT_OPTIONS = ("grads", "params", "trap", "every", "save", "include", "exclude",
-                    "max_rows")
+_INSPECT_OPTIONS = ("grads", "params", "trap", "memory", "every", "save", "include",
+                    "exclude", "max_rows")
 
 
 def _positive(text: str) -> int:
@@ -55,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
                    help="also record parameters after each optimiser step (compare_ranks)")
     p.add_argument("--trap", action="store_true",
                    help="stop at the first NaN/Inf output or gradient (NonFiniteError)")
+    p.add_argument("--memory", action="store_true",
+                   help="also record what each module saved for backward (insp.memory())")
     p.add_argument("--every", type=_positive, metavar="N",
                    help="record steps 0, N, 2N... (default 1)")
     p.add_argument("--include", action="append", metavar="GLOB", help="only these modules")

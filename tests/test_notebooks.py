@@ -81,7 +81,7 @@ def test_memory_notebook_plans_explains_the_oom_and_shows_the_fixed_run():
     assert "gradient-accumulation steps keeps the global batch of 256" in plain
     # the OOM explained under the failing cell, by module, with the micro-batch
     html = [o["data"]["text/html"] for _, o in _outputs(report.nb) if "text/html" in o.get("data", {})]
-    explained = [h for h in html if "class='singlecard-explain'" in h]
+    explained = [h for h in html if "class='singlecard-explain " in h]
     assert len(explained) == 1 and "ran out of GPU memory trying to allocate" in explained[0]
     assert "biggest: blocks.0" in explained[0] and "DataParallel split over 4 GPUs" in explained[0]
     # the fixed run fits, and insp.memory() shows what each module holds
