@@ -12,7 +12,10 @@ include the machine's noise. Rows, in µs added per module call over a bare forw
 - the floor: a hook taking one `x.sum()` per output;
 - `inspect(model)`, full statistics, with the one-pass kernel built and without it (torch
   reductions, what the first steps pay while it builds);
-- `inspect(model, every=10)` on an unrecorded step.
+- `inspect(model, every=10)` on an unrecorded step;
+- the same two found by `inspect_all()` instead of handed to `inspect()` (the finder is out of
+  torch's table while a model it knows runs, so these should equal the rows above).
+A last line: code that calls no module (tensor arithmetic) under `inspect_all()`, as a ratio.
 """
 
 from __future__ import annotations
@@ -81,12 +84,22 @@ def main() -> None:
                 native._kernels.update(saved)
         return run
 
+    def found(every: int = 1):
+        def run():
+            with scn.inspect_all(every=every, max_rows=10**7) as finder:
+                model(x)  # found at its first call
+                assert list(finder.inspectors) == ["Sequential"]
+                return best_cpu_time(lambda: model(x))
+        return run
+
     variants = {
         "global forward hook doing nothing (torch's dispatch)": hooked(nothing),
         "floor: x.sum() per output": hooked(floor),
         "inspect(model), one-pass kernel": inspected(True),
         "inspect(model), torch reductions": inspected(False),
         "inspect(model, every=10)": inspected(True, every=10),
+        "inspect_all(), the model found": found(),
+        "inspect_all(every=10), the model found": found(every=10),
     }
     best = {name: float("inf") for name in ["bare", *variants]}
     with torch.no_grad():
@@ -100,6 +113,25 @@ def main() -> None:
     print(f"{'variant':<56} µs added per module call")
     for name in variants:
         print(f"{name:<56} {(best[name] - best['bare']) / CALLS * 1e6:6.2f}")
+    no_module()
+
+
+def no_module() -> None:
+    """Tensor code that calls no module, bare and under inspect_all(): the ratio of times."""
+    a = torch.randn(64, 64)
+
+    def arithmetic():
+        y = a
+        for _ in range(2000):
+            y = y * 0.5 + a
+        return y
+
+    bare = looking = float("inf")
+    for _ in range(ROUNDS):
+        bare = min(bare, best_cpu_time(arithmetic))
+        with scn.inspect_all():
+            looking = min(looking, best_cpu_time(arithmetic))
+    print(f"{'code calling no module, inspect_all() / bare':<56} {looking / bare:6.2f}x")
 
 
 if __name__ == "__main__":

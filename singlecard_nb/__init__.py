@@ -28,6 +28,8 @@ _EXPORTS = {
     "inspect": "inspection.engine",
     "Inspector": "inspection.engine",
     "inspector": "inspection.engine",
+    "inspect_all": "inspection.discovery",
+    "inspectors": "inspection.discovery",
     "NonFiniteError": "errors",
     "compare": "inspection.compare",
     "compare_ranks": "inspection.compare",

@@ -56,7 +56,16 @@ def test_ddp_script_notebook_runs_single_card():
     report = _run("ddp_script_in_a_notebook.ipynb")
     assert report.errors == [], str(report)
     assert report.output_kinds[WIDGET_VIEW] >= 1, str(report)
-    assert report.output_kinds["image/png"] >= 1, str(report)
+    assert report.output_kinds["image/png"] >= 2, str(report)  # the losses; the layers' heatmap
+    html = [o["data"]["text/html"] for _, o in _outputs(report.nb) if "text/html" in o.get("data", {})]
+    # %inspect all --live: the unchanged script's model, found through DDP, followed as it trained
+    live = [h for h in html if "live inspection" in h]
+    assert len(live) == 1 and "stopped" in live[0] and "transformer.h.1.attn.c_proj" in live[0]
+    # the planted NaN: trapped at its module and step, explained under the traceback
+    assert [e.split(": ", 1)[1].split(" (Linear)")[0] for e in report.expected_errors] == [
+        "NonFiniteError: 32 NaN and 0 Inf in output of 'transformer.h.0.attn.c_proj'"]
+    assert "at step 9" in report.expected_errors[0]
+    assert any("class='singlecard-explain " in h and "NaN in its own weight" in h for h in html)
 
 
 def test_memory_notebook_plans_explains_the_oom_and_shows_the_fixed_run():
@@ -72,7 +81,7 @@ def test_memory_notebook_plans_explains_the_oom_and_shows_the_fixed_run():
     assert "gradient-accumulation steps keeps the global batch of 256" in plain
     # the OOM explained under the failing cell, by module, with the micro-batch
     html = [o["data"]["text/html"] for _, o in _outputs(report.nb) if "text/html" in o.get("data", {})]
-    explained = [h for h in html if "class='singlecard-explain'" in h]
+    explained = [h for h in html if "class='singlecard-explain " in h]
     assert len(explained) == 1 and "ran out of GPU memory trying to allocate" in explained[0]
     assert "biggest: blocks.0" in explained[0] and "DataParallel split over 4 GPUs" in explained[0]
     # the fixed run fits, and insp.memory() shows what each module holds

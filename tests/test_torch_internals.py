@@ -15,6 +15,7 @@ PAGE = (PACKAGE.parent / "docs" / "torch_internals.md").read_text()
 INTERNALS = {
     "_global_forward_hooks_with_kwargs": r"_global_forward_hooks_with_kwargs",
     "_call_impl.__code__": r"_call_impl\.__code__",
+    "_global_forward_pre_hooks": r"_global_forward_pre_hooks",
     "module._forward_hooks": r"\._forward_hooks\b",
     "module._compiled_call_impl": r"_compiled_call_impl",
     "model._orig_mod": r"_orig_mod\b",

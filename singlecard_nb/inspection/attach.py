@@ -52,6 +52,15 @@ def _remove_filter(entry: tuple) -> None:
         getattr(warnings, "_filters_mutated", lambda: None)()  # what filterwarnings calls
 
 
+def _run_wrapper_eagerly(owner: Borrowed, model: nn.Module, wrapper: nn.Module) -> None:
+    owner.set_attr(wrapper, "forward", model.__call__,
+                   "torch.compile wrapper runs the original module")
+    # torch notes that global hooks also fire for the wrapper; ours ignore it
+    warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
+    owner.on_restore(functools.partial(_remove_filter, warnings.filters[0]),
+                     "warnings filter for torch.compile's global hook note")
+
+
 class _OptimizerListeners:
     """One optimiser step hook for every params=True inspector of the process.
 
@@ -219,18 +228,36 @@ class Attachment:
                 owner.set_attr(m, "_compiled_call_impl", None, "compiled module runs eagerly")
                 compiled.append(repr(path))
         if wrapper is not None:  # torch.compile(module): call the original instead
-            owner.set_attr(wrapper, "forward", model.__call__,
-                           "torch.compile wrapper runs the original module")
-            # torch notes that global hooks also fire for the wrapper; ours ignore it
-            warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
-            owner.on_restore(functools.partial(_remove_filter, warnings.filters[0]),
-                             "warnings filter for torch.compile's global hook note")
+            _run_wrapper_eagerly(owner, model, wrapper)
             compiled.insert(0, f"the torch.compile wrapper of {type(model).__name__}")
         if compiled:
             listed = ", ".join(compiled[:5]) + (", ..." if len(compiled) > 5 else "")
             self._say("compiled", f"compiled modules run eagerly while inspected ({listed}), so "
                       "that every module inside them is recorded; the values are those of the "
                       "eager model. insp.stop() gives the compiled code back.")
+
+    def compiled_later(self, model: nn.Module, wrapper: nn.Module,
+                       targets: dict[int, Target]) -> bool:
+        """`torch.compile(model)` or `module.compile()` (then `wrapper` is the module) while
+        attached: the wrapper runs the model eagerly, the module its eager call, until the owner
+        gives it back (stop() then gives the compiled code back). False if not attached."""
+        owner = self._owner
+        if owner is None or not owner.active:
+            return False
+        if wrapper is model and id(model) in targets:  # module.compile(): in place
+            owner.set_attr(model, "_compiled_call_impl", None, "compiled module runs eagerly")
+            self._say("compiled", f"{type(model).__name__}.compile() while it is inspected: it "
+                      "runs eagerly while inspected, so that every module inside it is "
+                      "recorded. insp.stop() gives the compiled code back.")
+            return False
+        if model is not self._model:
+            return False
+        _run_wrapper_eagerly(owner, model, wrapper)
+        self._say("compiled", f"torch.compile({type(model).__name__}) while it is inspected: "
+                  "the compiled wrapper runs the model eagerly while inspected, so that every "
+                  "module inside it is recorded; the values are those of the eager model. "
+                  "insp.stop() gives the compiled code back.")
+        return True
 
     def _attach_late(self, owner: Borrowed, model: nn.Module, calls: CallTracker) -> None:
         """torch runs global forward hooks before a module's own: a module with its own forward

@@ -11,6 +11,7 @@ not recorded).
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 import weakref
@@ -29,6 +30,7 @@ _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _get_ident = threading.get_ident
 _CALL_IMPL = nn.Module._call_impl.__code__
+_STEP_CLOCK = itertools.count(1)  # steps of every inspector, in the order they began
 _THREADS = ("the model was called from two threads at once: calls made while another "
             "thread's call is running are not recorded.")
 
@@ -75,6 +77,8 @@ class CallTracker:
         # runs them, and how many of those are calls of the model itself
         self.depth = self.root_depth = 0
         self.thread = 0
+        self.began = 0  # when its latest step began (_STEP_CLOCK), 0 before the first
+        self._midway: tuple[Any, tuple[int, int]] | None = None  # see open_midway
         self._model = weakref.ref(model)
         self._recorder = recorder
         self._record_call = recorder.record_call  # pre-bound: the per-module-call path
@@ -102,6 +106,7 @@ class CallTracker:
         """The hooks are gone: no call of the model is open any more."""
         with self._lock:
             self.depth = self.root_depth = 0
+            self._midway = None
             if self._recorder.memory is not None:
                 self._recorder.memory.exit()
 
@@ -114,6 +119,7 @@ class CallTracker:
 
     def begin_step(self) -> None:
         self._end_probes()  # a step began: the model is called the way the engine expects
+        self.began = next(_STEP_CLOCK)  # which model was called last: `inspector()`
         step = self._recorder.begin_step()
         self.recording = step % self.every == 0
         if self.recording and self._active():
@@ -135,6 +141,8 @@ class CallTracker:
         progress (this call is then not recorded). The outermost call begins a step.
         """
         me = _get_ident()
+        if self._midway is not None:
+            self._close_midway()
         with self._lock:
             if self.depth and not self.settle(me, kind):
                 opened = None
@@ -151,6 +159,23 @@ class CallTracker:
         if opened is not None and opened[0] == 0 and self.recording and self._recorder.memory is not None:
             self._recorder.memory.enter(kind == "root")  # memory=True: saves seen in the call
         return opened
+
+    def open_midway(self, frame: Any) -> None:
+        """A step method already running when the inspector starts (`inspect_all` found the
+        model inside it): its call opens now, and closes at the next call once `frame` (the
+        method's frame) has returned."""
+        opened = self.open("method")
+        if opened is not None:
+            self._midway = (frame, opened)
+
+    def _close_midway(self) -> None:
+        frame, opened = self._midway
+        running = sys._getframe()
+        while running is not None and running is not frame:
+            running = running.f_back
+        if running is None:  # the method has returned
+            self._midway = None
+            self.close(opened)
 
     def close(self, opened: tuple[int, int]) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from torch import nn
 
 from .attach import Attachment
 from .calls import CallTracker
+from .compile_watch import compile_listeners
 from .diagnostics import Diagnostics
 from .memory_view import MemoryWatch
 from .options import Kept, check_arguments, check_memory
@@ -82,6 +83,7 @@ class Inspector:
                                   install_hook=self._attach.install_hook,
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes)
+        self._compile_listener = self._compiled_later  # one bound object: discard needs it
         # memory=True: what each module saved for backward and returned (memory.py)
         self._memory = (MemoryWatch(model, self._calls, self._recorder, self._diagnostics)
                         if check_memory(memory) else None)
@@ -123,6 +125,7 @@ class Inspector:
         wrapper = self._wrapper_object()
         self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
                             params=self.params, on_detach=self._detached)
+        compile_listeners.add(self._compile_listener)
         if self._memory is not None:
             self._memory.started(model, self._attach.listen_to_optimizers)
         _active[id(model)] = self
@@ -144,6 +147,7 @@ class Inspector:
         the last step reaches the host, and this inspector no longer records its model."""
         if _active.get(self._model_id) is self:
             del _active[self._model_id]
+        compile_listeners.discard(self._compile_listener)
         if self._memory is not None:
             self._memory.stopped(self._model())
         self._calls.close_all()
@@ -319,10 +323,24 @@ class Inspector:
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None
 
+    def _compiled_later(self, model: nn.Module, wrapper: nn.Module) -> None:
+        """torch.compile(model) while inspected: the wrapper runs eagerly until stop()."""
+        if self._attach.compiled_later(model, wrapper, self._calls.targets):
+            self._wrapper = weakref.ref(wrapper)
+            _latest[id(wrapper)] = self
 
-def inspector(model: nn.Module) -> Inspector:
-    """The Inspector most recently started on `model`: by `inspect()`, `%inspect model` or
-    `%%inspect model` (also once stopped, while something keeps it). Raises ValueError if none."""
+
+def inspector(model: nn.Module | None = None) -> Inspector:
+    """The Inspector most recently started on `model`: by `inspect()`, `%inspect model`,
+    `%%inspect model` or `inspect_all()` (also once stopped, while something keeps it).
+    With no model: the inspector of the model called most recently. Raises ValueError if none."""
+    if model is None:
+        called = [insp for insp in _latest.values() if insp._calls.began]
+        if not called:
+            raise ValueError("no inspected model has been called yet: start an inspector with "
+                             "singlecard_nb.inspect(model) or singlecard_nb.inspect_all(), then "
+                             "run the model.")
+        return max(called, key=lambda insp: insp._calls.began)
     found = _latest.get(id(model))
     if found is None or (model is not found.model and model is not found._wrapper_object()):
         raise ValueError(f"no inspector has been started on this {type(model).__name__}: start "

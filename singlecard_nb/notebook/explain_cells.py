@@ -86,8 +86,14 @@ def _show_banner(shell: Any, exc_tuple: Any) -> None:
 def _show_explanation(result: Any = None) -> None:
     from IPython import get_ipython
 
-    error = getattr(result, "error_in_exec", None)
-    built = _built.pop(id(get_ipython()), None)
+    show(get_ipython(), getattr(result, "error_in_exec", None))
+
+
+def show(shell: Any, error: Any) -> None:
+    """Display the explanation of `error` under its traceback (the one the banner built, if it
+    built one for it). Also for a traceback IPython printed without failing the cell: `%run`
+    shows a script's error itself, so post_run_cell sees no error (`%inspect all` calls this)."""
+    built = _built.pop(id(shell), None)
     if built is not None and built[0] is error:
         display(built[1])
         return

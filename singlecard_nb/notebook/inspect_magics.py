@@ -15,6 +15,8 @@ from ..borrow import Borrowed
 from .arguments import parse_line
 
 _ACTIONS = ("off", "show")
+# Parsed arguments that are the magic's own; every other option is inspect()'s, by its name.
+_MAGIC_ONLY = ("what", "name", "live")
 
 
 def _options(func):
@@ -51,15 +53,16 @@ class InspectMagics(Magics):
     def __init__(self, shell: Any):
         super().__init__(shell)
         self.inspectors: dict[str, Any] = {}
+        self.finder: Any = None  # `%inspect all`: the inspection.discovery.Discovery
         self._events: Borrowed | None = None
         self._flush_callback = self._flush_all  # one bound object: unregister needs the same
 
     @magic_arguments()
-    @argument("what", metavar="MODEL | off | show",
-              help="A variable holding an nn.Module to inspect across cells; `off` stops, "
-                   "`show` displays.")
+    @argument("what", metavar="MODEL | all | off | show",
+              help="A variable holding an nn.Module to inspect across cells; `all`: every "
+                   "model the code calls (`%%run train.py`); `off` stops, `show` displays.")
     @argument("name", nargs="?", metavar="MODEL",
-              help="With off/show: which model (default: all).")
+              help="With off/show: which model (default: all); `%%inspect all off`.")
     @_options
     @line_magic
     def inspect(self, line: str) -> None:
@@ -69,11 +72,18 @@ class InspectMagics(Magics):
                                               Inspector is scn.inspector(model)
         %inspect show [model]                display what was recorded
         %inspect off [model]                 stop and remove every hook
+        %inspect all --trap                  every model the code calls (`%run train.py`),
+                                              found as called: scn.inspectors()
+        %inspect all off                     stop finding and recording; records stay
 
         Returns nothing: IPython's Out cache would keep a returned Inspector, and with it the
         model, after `%inspect off`.
         """
         args = parse_line(self.inspect, "%inspect", line)
+        if args.what == "all":
+            from .inspect_all import inspect_all_line
+
+            return inspect_all_line(self, args)
         if args.what in _ACTIONS:
             names = self._known(args.name)
             for name in names:
@@ -84,7 +94,7 @@ class InspectMagics(Magics):
                 else:
                     insp.flush()
                     display(insp.summary())
-            if args.what == "off" and not self.inspectors:
+            if args.what == "off" and not self.inspectors and not self._finding():
                 self._stop_flushing()
             return None
         if args.name is not None:
@@ -184,18 +194,20 @@ class InspectMagics(Magics):
     def _make(self, model, args):
         from ..inspection.engine import Inspector
 
+        try:
+            return Inspector(model, **self._inspect_options(args))
+        except (TypeError, ValueError) as e:  # e.g. a TorchScript module
+            raise UsageError(f"%inspect: {e}") from None
+
+    def _inspect_options(self, args) -> dict[str, Any]:
+        """inspect()'s keyword arguments from a parsed line: every option but the magic's own,
+        by its name, so an option added to `_options` reaches inspect() and `%inspect all`."""
         if args.every < 1:
             raise UsageError(f"%inspect: --every must be a positive integer, got {args.every}.")
         if args.max_rows is not None and args.max_rows < 1:
             raise UsageError(f"%inspect: --max-rows must be a positive integer, got "
                              f"{args.max_rows}.")
-        try:
-            return Inspector(model, include=args.include, exclude=args.exclude,
-                             every=args.every, grads=args.grads, trap=args.trap,
-                             max_rows=args.max_rows, params=args.params,
-                             memory=args.memory)
-        except (TypeError, ValueError) as e:  # e.g. a TorchScript module
-            raise UsageError(f"%inspect: {e}") from None
+        return {key: value for key, value in vars(args).items() if key not in _MAGIC_ONLY}
 
     def _known(self, name: str | None) -> list[str]:
         if name is None:
@@ -211,6 +223,8 @@ class InspectMagics(Magics):
         for insp in self.inspectors.values():
             if insp.active:
                 insp.flush()
+        if self.finder is not None and self.finder.active:
+            self.finder.flush()
 
     def _start_flushing(self) -> None:
         if self._events is None:
@@ -222,6 +236,9 @@ class InspectMagics(Magics):
             owner.on_restore(self._forget, "inspectors started by %inspect")
             self._events = owner
 
+    def _finding(self) -> bool:
+        return self.finder is not None and self.finder.active
+
     def _stop_flushing(self) -> None:
         owner, self._events = self._events, None
         if owner is not None:
@@ -231,4 +248,5 @@ class InspectMagics(Magics):
         # Runs on unload (borrow.restore_all): the inspectors' own owners remove their hooks.
         self.inspectors.clear()
         self._events = None
+        self.finder = None
 

@@ -1,0 +1,206 @@
+"""`python -m singlecard_nb [options] script.py args`: a training script, unchanged, inspected.
+
+    python -m singlecard_nb --device cpu --inspect --trap train.py --batch_size=8
+    torchrun --nproc_per_node=4 -m singlecard_nb --inspect --params --save runs/job.db train.py
+
+The script runs as `python script.py args` would run it (`__name__ == "__main__"`, `sys.argv`,
+`sys.path[0]` its folder; `-m package.module` as `python -m`). This module ties the wings, as
+`session.py` does: `--device` pins and turns single-card mode on first (as `%singlecard TARGET`
+does); `--inspect` inspects every model the script calls (`inspect_all`). Records are saved at
+exit, also when the script fails or is interrupted; a failure inside a module (a NaN the trap
+caught) prints its explanation under the traceback, and the exit status is not zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+PROG = "python -m singlecard_nb"
+# Our options that take a value: everything up to the script (or -m MODULE) is ours.
+_VALUED = {"--device", "--every", "--save", "--include", "--exclude", "--max-rows", "-m"}
+# Options that mean "inspect": each one turns --inspect on
+_OWN = ("device", "inspect", "save", "module")  # the rest are inspect()'s, by their names
+_INSPECT_OPTIONS = ("grads", "params", "trap", "memory", "every", "save", "include",
+                    "exclude", "max_rows")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, usage=f"{PROG} [options] (script.py | -m package.module) [args...]",
+        description="Run a training script unchanged, its models inspected "
+                    "(singlecard_nb.inspect_all) and, with --device, on one device.")
+    p.add_argument("--device", metavar="TARGET",
+                   help="pin to one device first and run DataParallel/DDP code on it "
+                        "(as %%singlecard TARGET): a GPU index, UUID, 'auto' or 'cpu'")
+    p.add_argument("--inspect", action="store_true",
+                   help="inspect every model the script calls (implied by each option below)")
+    p.add_argument("--grads", action="store_true", help="also record gradients")
+    p.add_argument("--params", action="store_true",
+                   help="also record parameters after each optimiser step (compare_ranks)")
+    p.add_argument("--trap", action="store_true",
+                   help="stop at the first NaN/Inf output or gradient (NonFiniteError)")
+    p.add_argument("--memory", action="store_true",
+                   help="also record what each module saved for backward (insp.memory())")
+    p.add_argument("--every", type=_positive, metavar="N",
+                   help="record steps 0, N, 2N... (default 1)")
+    p.add_argument("--include", action="append", metavar="GLOB", help="only these modules")
+    p.add_argument("--exclude", action="append", metavar="GLOB", help="skip these modules")
+    p.add_argument("--max-rows", type=_positive, default=None, metavar="N",
+                   help="keep at most N rows per model (ring buffer)")
+    p.add_argument("--save", metavar="PATH",
+                   help="write the records at exit (per rank in a job: PATH.rank<N>.db; "
+                        "several models: one file each, PATH.<Model>.db)")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
+    return p
+
+
+def split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our options, the script and its arguments): ours end at the first word that is not an
+    option of ours or its value, or right after `-m MODULE`."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1:]
+        if not word.startswith("-"):
+            break
+        if word in _VALUED:
+            i += 1
+            if word == "-m":
+                return argv[:i + 1], argv[i + 1:]
+        i += 1
+    return argv[:i], argv[i:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, pin, inspect, run; returns the exit status."""
+    p = parser()
+    ours, rest = split(list(sys.argv[1:] if argv is None else argv))
+    options = p.parse_args(ours)  # a bad option: argparse's one-line error, exit status 2
+    if options.module is None and not rest:
+        p.error("give the script to run (script.py [args...]) or -m package.module")
+    script = None if options.module is not None else rest.pop(0)
+    if script is not None and not Path(script).is_file():
+        p.error(f"can't open file {script!r}: no such file")
+    inspect = options.inspect or any(getattr(options, name) for name in _INSPECT_OPTIONS)
+    if options.device is not None:
+        from . import session
+
+        try:
+            session.pin(options.device)
+        except ValueError as e:  # TargetError, a broken machine file: nothing has run
+            p.error(f"argument --device: {e}")
+    finder = None
+    if inspect:
+        from .inspection.discovery import Discovery
+
+        try:
+            finder = Discovery(**_inspect_options(options)).start()
+        except (TypeError, ValueError) as e:
+            p.error(str(e))
+    try:
+        return _run(script, options.module, rest)
+    finally:
+        try:
+            if finder is not None:
+                finder.stop()
+                if options.save:
+                    _save(finder, options.save)
+        finally:
+            if options.device is not None:  # given back, as everything borrowed is
+                from . import session
+
+                session.release()
+
+
+def _inspect_options(options: argparse.Namespace) -> dict[str, Any]:
+    """inspect()'s keyword arguments: every option but the command line's own, by its name."""
+    return {key: value for key, value in vars(options).items()
+            if key not in _OWN and value is not None}  # not given: inspect()'s default
+
+
+def _run(script: str | None, module: str | None, args: list[str]) -> int:
+    """Run the script as python would; its exit status (1 after an error, with explanation)."""
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    try:
+        if script is not None:
+            sys.argv = [script, *args]
+            folder = os.path.dirname(os.path.abspath(script))
+            sys.path[0:1] = [folder]
+            runpy.run_path(script, run_name="__main__")
+        else:
+            sys.argv = [module, *args]  # runpy puts the module's file name in argv[0]
+            sys.path[0:1] = [os.getcwd()]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:
+        return _exit_status(e.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except Exception as e:
+        traceback.print_exc()
+        _explain(e)
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # what `sys.exit("message")` prints
+    return 1
+
+
+def _explain(error: Exception) -> None:
+    from .diagnosis.explain import build
+
+    try:
+        explanation = build(error)
+    except Exception as e:
+        print(f"singlecard_nb: could not explain this error ({type(e).__name__}: {e}).",
+              file=sys.stderr)
+        return
+    if explanation is not None:
+        print(f"\n{explanation!r}", file=sys.stderr)
+
+
+def _save(finder: Any, path: str) -> None:
+    """Each model's records: PATH for one model, PATH.<Model>.db (suffix kept) for several."""
+    found = finder.inspectors
+    if not found:
+        print(f"singlecard_nb: no model was called, so nothing was saved to {path}.",
+              file=sys.stderr)
+        return
+    target = Path(path)
+    for name, insp in found.items():
+        where = target if len(found) == 1 else target.with_name(
+            f"{target.stem}.{name.replace('#', '-')}{target.suffix}")
+        try:
+            written = insp.save(where)
+        except OSError as e:
+            print(f"singlecard_nb: {e}", file=sys.stderr)
+            continue
+        print(f"singlecard_nb: {name}: {insp.steps_recorded} steps recorded, saved to "
+              f"{written}", file=sys.stderr)

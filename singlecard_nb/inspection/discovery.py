@@ -1,0 +1,316 @@
+"""Models found while code runs: `inspect_all()` inspects every model a script trains, unchanged.
+
+A model is the outermost `nn.Module` the code calls (no other module's call is running below it
+on the stack) that has parameters. A DataParallel / DDP / FSDP / torch.compile wrapper counts as
+the model it wraps; a module found while a method of a bigger module runs (a LightningModule's
+`training_step` calling `self.encoder`) counts as that bigger module. Loss modules and other
+parameterless modules are not models, nor are submodules of a model called on their own, nor
+copies of a model (`copy.deepcopy` for EMA, `AveragedModel`).
+
+Cost: ONE global forward pre-hook looks for models. It is taken out of torch's table when a
+known model's call begins and put back when that call returns, so the calls inside a model run
+as they would under `inspect(model)` alone (on torch's hook-free path on steps `every=N` skips),
+and code that calls no module never meets it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+import weakref
+from collections import Counter
+from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as _module_globals
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from ..borrow import Borrowed
+from . import engine
+from .calls import calls_on_stack
+from .compile_watch import compile_listeners
+from .engine import Inspector
+from .model_rules import (
+    COPY_CLASSES,
+    call_kwargs,
+    has_parameters,
+    method_owner,
+    other_call_below,
+    unwrapped,
+)
+
+__all__ = ["Discovery", "inspect_all", "inspectors"]
+
+_GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
+# torch's note, as a pattern unlike attach.py's: warnings keeps one copy of equal filters, so an
+# inspector giving its filter back would otherwise take this one away too
+_TORCH_COMPILE_HOOK_NOTE = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+# Code that makes and calls modules in a loop (a new nn.Linear per batch) would otherwise get an
+# inspector per instance, without bound: past this many, new models are not inspected (said once)
+MAX_MODELS = 32
+_current: Discovery | None = None  # the latest inspect_all(): what inspectors() reads
+
+
+class Discovery:
+    """Finds models as they are called and inspects each with the same options; see
+    `inspect_all()`. `found` callbacks get (name, Inspector) of each new model."""
+
+    def __init__(self, **options: Any):
+        Inspector(nn.Module(), **options)  # the options checked where inspect() checks them
+        self.options = options
+        self._inspectors: dict[str, Inspector] = {}
+        # id(module) -> (weak ref, its inspector or None): models and their wrappers, and what is
+        # no model (a model's submodules, copies, modules called inside another's call)
+        self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
+        self._names: Counter[str] = Counter()
+        self._marks: list = []  # handles of our hooks on the models found (_look_again_after)
+        self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
+        self._owner: Borrowed | None = None
+        self._hook_id: int | None = None
+        self._hook = self._on_call  # one bound object: in and out of torch's table
+        self._rearm = self._on_return
+        self._compile_listener = self._compiled
+        self._lock = threading.RLock()
+        self.found: list = []  # callbacks fn(name, insp), e.g. the live view of %inspect all
+        self.errors: list[str] = []  # what could not be done, each said once
+        self._said: set[str] = set()
+
+    # --- lifecycle --------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        owner = self._owner
+        return owner is not None and owner.active
+
+    def start(self) -> Discovery:
+        """Look for models from now on (stops another inspect_all); idempotent."""
+        global _current
+        if self.active:
+            return self
+        if _current is not None and _current is not self:
+            _current.stop()
+        owner = Borrowed("inspect all: finding models")
+        try:
+            handle = register_module_forward_pre_hook(self._hook)
+            self._hook_id = handle.id
+            owner.add_handle(handle, "global forward pre-hook finding models")
+            compile_listeners.add(self._compile_listener)
+            owner.on_restore(lambda: compile_listeners.discard(self._compile_listener),
+                             "torch.compile listener")
+            # torch warns at each compiled wrapper's call that global hooks exist: ours skips it
+            warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
+            entry = warnings.filters[0]
+            owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
+            owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+            owner.on_restore(self._remove_marks, "hooks on the models found")
+        except BaseException:
+            owner.restore()
+            raise
+        self._owner = owner
+        _current = self
+        return self
+
+    def stop(self) -> Discovery:
+        """Stop looking and stop every inspector; their records stay readable."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.restore()
+        return self
+
+    def reset(self) -> None:
+        """A new run (`%run` again): the models found so far are stopped and forgotten."""
+        with self._lock:
+            self._stop_inspectors()
+            self._remove_marks()  # a model of the last run called again is a model again
+            self._inspectors, self._known, self._names = {}, {}, Counter()
+            self._arm()
+
+    def flush(self) -> None:
+        """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips
+        the hook that puts the finder back when a model's call returns)."""
+        for insp in list(self._inspectors.values()):
+            if insp.active:
+                insp.flush()
+        self._arm()
+
+    def __enter__(self) -> Discovery:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def inspectors(self) -> dict[str, Inspector]:
+        """{name: Inspector} of every model found, in the order found."""
+        return dict(self._inspectors)
+
+    def __repr__(self) -> str:
+        state = "looking" if self.active else "stopped"
+        names = ", ".join(self._inspectors) or "no model yet"
+        return f"<inspect_all: {state}; {names}>"
+
+    def _remove_marks(self) -> None:
+        marks, self._marks = self._marks, []
+        for handle in marks:
+            handle.remove()
+
+    def _stop_inspectors(self) -> None:
+        for insp in list(self._inspectors.values()):
+            if id(insp) not in self._theirs:
+                insp.stop()
+
+    # --- the finder in and out of torch's table ---------------------------------------------
+    def _arm(self) -> None:
+        if self._hook_id is not None and self.active:
+            _GLOBAL_PRE_HOOKS[self._hook_id] = self._hook
+
+    def _disarm(self) -> None:
+        if self._hook_id is not None:
+            _GLOBAL_PRE_HOOKS.pop(self._hook_id, None)
+
+    def _on_return(self, module, args, output) -> None:
+        self._arm()  # the model's call is over: look for models again
+
+    def __deepcopy__(self, memo: dict) -> Discovery:
+        return self  # a copy of a model carries our hook, still ours: that is how copies show
+
+    # --- finding ----------------------------------------------------------------------------
+    def _on_call(self, module: nn.Module, args: tuple) -> None:
+        entry = self._known.get(id(module))
+        if entry is not None and entry[0]() is module:
+            if entry[1] is not None:
+                self._disarm()  # a model's call: its inspector records it; back when it returns
+            return
+        if not has_parameters(module):
+            return  # a loss, an activation: no model
+        try:
+            with self._lock:
+                self._consider(module, args)
+        except Exception as e:  # finding a model must never break the user's forward
+            self._known[id(module)] = (weakref.ref(module), None)
+            self._say_once(f"{type(e).__name__}: {e}", f"could not inspect the "
+                           f"{type(module).__name__} called: {e!r}", RuntimeWarning)
+
+    def _say_once(self, kind: str, message: str, category: type[Warning] = UserWarning) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            self.errors.append(message)
+            warnings.warn(f"singlecard_nb: inspect all: {message}", category, stacklevel=3)
+
+    def _consider(self, module: nn.Module, args: tuple) -> None:
+        frame = sys._getframe(2)
+        if calls_on_stack(frame, module) < 1 or other_call_below(frame, module):
+            self._forget_as_model(module)  # called inside another module's call
+            return
+        outer, method = method_owner(frame, module)
+        candidate = outer or module
+        model, chain = unwrapped(candidate)
+        if type(model).__name__ in COPY_CLASSES or self._is_copy(model):
+            self._forget_as_model(candidate)
+            return
+        inner = getattr(model, "_orig_mod", model)
+        entry = self._known.get(id(inner))
+        fresh = False
+        if entry is not None and entry[0]() is inner and entry[1] is not None:
+            insp = entry[1]  # a new wrapper (DDP, torch.compile) of a model found before
+        elif len(self._inspectors) >= MAX_MODELS:
+            self._forget_as_model(candidate)
+            self._say_once("many", f"more than {MAX_MODELS} models were found, so "
+                           f"{type(inner).__name__} and later new models are not inspected "
+                           "(a script that makes a new module per step?). Inspect the one you "
+                           "mean with singlecard_nb.inspect(model).")
+            return
+        else:
+            insp, fresh = self._new_inspector(model, inner)
+        for wrapper in (candidate, *chain, model):
+            self._known[id(wrapper)] = (weakref.ref(wrapper), insp)
+        self._look_again_after(candidate)
+        self._disarm()
+        if not fresh:
+            return  # its hooks were there before this call began: they record it
+        if outer is not None:
+            insp._attach.end_probes()
+            if method is not None and insp.model is outer:
+                insp._calls.open_midway(method)  # this training_step is step 0
+        elif candidate is model and insp.model is model:
+            # Found in this call's pre-hooks: torch has taken the list of the model's own
+            # pre-hooks already, so the step this call is begins here (its root hook, added
+            # to the module's forward hooks, which torch reads after forward, ends it).
+            insp._calls.on_root_pre(model, args, call_kwargs(sys._getframe(2)))
+
+    def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
+        """The model's inspector, and whether it is new: a model the user inspects already
+        (`inspect(model)`) keeps its inspector, listed here but never stopped by us."""
+        name = type(inner).__name__
+        self._names[name] += 1
+        if self._names[name] > 1:
+            name = f"{name}#{self._names[name]}"
+        insp = engine._active.get(id(inner))
+        fresh = insp is None or insp.model is not inner
+        if fresh:
+            insp = Inspector(model, **self.options).start()
+        else:
+            self._theirs.add(id(insp))
+        self._inspectors[name] = insp
+        self._forget_as_model(inner)  # its parts called on their own are no new model
+        if inner is not model:
+            self._known[id(inner)] = (weakref.ref(inner), insp)
+        self._look_again_after(inner)  # also the mark a copy (deepcopy for EMA) carries
+        for callback in self.found:
+            callback(name, insp)
+        return insp, fresh
+
+    def _look_again_after(self, module: nn.Module) -> None:
+        """Put the finder back when `module`'s call returns (always called: also after an
+        exception). The hook is ours on a module we know, so a copy of it shows as a copy."""
+        if not any(getattr(hook, "__self__", None) is self
+                   for hook in module._forward_hooks.values()):
+            self._marks.append(module.register_forward_hook(self._rearm, always_call=True))
+
+    def _is_copy(self, model: nn.Module) -> bool:
+        inner = getattr(model, "_orig_mod", model)
+        return any(getattr(hook, "__self__", None) is self
+                   for sub in inner.modules() for hook in sub._forward_hooks.values())
+
+    def _forget_as_model(self, module: nn.Module) -> None:
+        known = self._known
+        for sub in module.modules():
+            entry = known.get(id(sub))
+            if entry is None or entry[0]() is not sub:  # absent, or a dead module's id
+                known[id(sub)] = (weakref.ref(sub), None)
+
+    def _compiled(self, model: nn.Module, wrapper: nn.Module) -> None:
+        """torch.compile(model) while looking: the wrapper runs the model eagerly from its first
+        call on (torch chooses what a call runs before the hook that finds it)."""
+        if (self.active and wrapper is not model and has_parameters(model)
+                and getattr(wrapper, "_orig_mod", None) is model):
+            self._owner.set_attr(wrapper, "forward", model.__call__,
+                                 "torch.compile wrapper runs eagerly while models are looked for")
+
+
+def _remove_filter(entry: tuple) -> None:
+    if entry in warnings.filters:
+        warnings.filters.remove(entry)
+        getattr(warnings, "_filters_mutated", lambda: None)()
+
+
+def inspect_all(**options: Any) -> Discovery:
+    """Inspect every model the code calls from now on, each with `inspect()`'s options; returns
+    the handle (also a context manager: `with scn.inspect_all(grads=True): train()`).
+
+    A model is the outermost `nn.Module` called that has parameters (see the module's rules);
+    `inspectors()` lists them by class name (`GPT`, then `GPT#2` for a second instance).
+    Starting it stops a previous inspect_all.
+    """
+    return Discovery(**options).start()
+
+
+def inspectors() -> dict[str, Inspector]:
+    """{name: Inspector} of every model the latest `inspect_all()` found, in the order found."""
+    return _current.inspectors if _current is not None else {}
+
+
+def current() -> Discovery | None:
+    """The latest inspect_all() (looking or stopped), or None."""
+    return _current

@@ -1,0 +1,103 @@
+"""`%inspect all`: every model the code calls is inspected, `%run train.py` included.
+
+While it is on, `%run` starts clean records (the models found by the previous run are stopped
+and forgotten), and a run that fails inside a module (a NaN the trap caught) gets its
+explanation under the traceback IPython prints: `%run` shows a script's error itself, so the
+cell does not fail and the explanation after failing cells never sees it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.display import display
+
+from ..borrow import Borrowed
+
+
+def inspect_all_line(magics: Any, args: Any) -> None:
+    """`%inspect all [options]`, `%inspect all off`, `%inspect all show`."""
+    from ..inspection.discovery import Discovery
+
+    action = args.name
+    if action not in (None, "off", "show"):
+        raise UsageError(f"%inspect all: {action!r} is not an action; use `%inspect all` "
+                         "with options, `%inspect all off` or `%inspect all show`.")
+    finder = magics.finder
+    if action == "off":
+        if finder is not None:
+            finder.stop()  # the inspectors stop; scn.inspectors() keeps them readable
+        owner = _run_owners.get(id(magics))
+        if owner is not None:
+            owner.restore()
+        return None
+    if action == "show":
+        found = finder.inspectors if finder is not None else {}
+        if not found:
+            print("%inspect all: no model found yet.")
+        for name, insp in found.items():
+            insp.flush()
+            print(f"{name}: {insp!r}")  # a summary does not name its model
+            display(insp.summary())
+        return None
+    options = magics._inspect_options(args)  # the same options, checked the same way, as %inspect
+    try:
+        new = Discovery(**options)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"%inspect all: {e}") from None
+    if args.live:
+        new.found.append(lambda name, insp: insp.live())
+    if finder is not None:
+        finder.stop()
+    magics.finder = new.start()
+    _clean_runs(magics, new)
+    magics._start_flushing()
+    return None
+
+
+# id(magics) -> the owner of its %run wrapper
+_run_owners: dict[int, Borrowed] = {}
+
+
+def _clean_runs(magics: Any, finder: Any) -> None:
+    """Wrap `%run` (once per shell; the wrapper reads the current finder)."""
+    table = magics.shell.magics_manager.magics["line"]
+    if id(magics) in _run_owners and _run_owners[id(magics)].active:
+        return
+    original = table["run"]
+
+    @functools.wraps(original)  # keeps IPython's magic attributes (no variable expansion)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        current = magics.finder
+        if current is None or not current.active:
+            return original(*args, **kwargs)
+        current.reset()
+        before = getattr(sys, "last_value", None)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            current.flush()
+            error = getattr(sys, "last_value", None)
+            if error is not before and isinstance(error, Exception):
+                _explain(magics.shell, error)
+
+    owner = Borrowed("%inspect all: %run starts clean records")
+    table["run"] = run
+
+    def give_back() -> None:
+        if table.get("run") is run:
+            table["run"] = original
+        _run_owners.pop(id(magics), None)
+
+    owner.on_restore(give_back, "%run wrapper")
+    _run_owners[id(magics)] = owner
+
+
+def _explain(shell: Any, error: Exception) -> None:
+    from . import explain_cells
+
+    if explain_cells.is_on(shell):
+        explain_cells.show(shell, error)
