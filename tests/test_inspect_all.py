@@ -39,7 +39,10 @@ def global_hooks() -> int:
 @pytest.fixture(autouse=True)
 def nothing_left():
     yield
-    assert global_hooks() == 0 and borrow.active_owners() == []
+    # the one process-wide optimizer step dispatcher stays once made (attach._OptimizerListeners:
+    # torch's hook table is never changed while a step may iterate it); %unload_ext gives it back
+    left = [o for o in borrow.active_owners() if o.name != "inspect: optimizer step hook"]
+    assert global_hooks() == 0 and left == []
 
 
 def test_each_outermost_model_with_parameters_gets_an_inspector_named_by_class():

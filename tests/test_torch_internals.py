@@ -27,6 +27,8 @@ INTERNALS = {
     "_world.pg_map": r"\bpg_map\b",
     "reducer._remove_autograd_hooks()": r"_remove_autograd_hooks",
     "_get_builtin_table()": r"_get_builtin_table",
+    "_push_saved_tensors_default_hooks": r"_push_saved_tensors_default_hooks",
+    "FakeTensorMode": r"FakeTensorMode",
 }
 
 
