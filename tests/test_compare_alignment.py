@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import alignment, compare, comparison, plots  # noqa: E402
+from singlecard_nb.inspection import alignment, compare, comparison, hist_plots, plots  # noqa: E402
 from singlecard_nb.inspection.alignment import (  # noqa: E402
     COMPARED,
     ONLY_IN_A,
@@ -83,14 +83,18 @@ def test_every_figure_is_made_by_the_one_helper(monkeypatch):
     assert isinstance(scn.compare_ranks(A).plot(), Figure)  # one rank: a message figure
 
     class Recorded:  # what plots reads of an Inspector
-        def histograms(self):
-            return {"fc": (np.ones(4), np.linspace(0.0, 1.0, 5))}
+        def histograms(self, steps=False):
+            one = (np.ones(4), np.linspace(0.0, 1.0, 5))
+            return {"fc": [(0, *one)]} if steps else {"fc": one}
 
         def history(self, *args, **kwargs):
             return None
 
-    assert isinstance(plots.histograms(Recorded()), Figure)
+        def frame(self):
+            return records([(0, "fc", "output", 0.0, (4,))]).assign(nan=0, inf=0)
+
+    assert isinstance(hist_plots.histograms(Recorded()), Figure)
     assert isinstance(plots.heatmap(Recorded()), Figure)  # nothing recorded: a message figure
-    assert len(made) == 5 and made[3] == (4, 2.6)
+    assert len(made) == 5 and made[3][:2] == (4.5, 2.6)  # the histograms: one module, one step
     for module in (compare, comparison, alignment):
         assert "matplotlib" not in inspect.getsource(module), module.__name__

@@ -463,7 +463,11 @@ def test_heatmap_marks_eval_steps_and_can_keep_one_mode():
     assert markers and list(markers[0].get_xdata()) == [2]  # column of step 2
     only_train = insp.plot(training=True).axes[0]
     assert "eval" not in only_train.get_title()
-    assert only_train.images[0].get_array().shape == (4, 3)  # steps 0, 1 and 3
+    # steps 0, 1 and 3; rows 0, 1 (the ReLU: its absmax is the Linear's, its mean is not) and 2
+    # (the Sequential returns 2's output: folded into it)
+    assert only_train.images[0].get_array().shape == (3, 3)
+    assert [t.get_text() for t in only_train.get_yticklabels()] == [
+        "0 · Linear", "1 · ReLU", "2 · Linear"]
 
 
 def test_a_compiled_function_calling_the_model_is_said_not_silent():

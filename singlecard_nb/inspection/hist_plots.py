@@ -6,7 +6,8 @@ import fnmatch
 import math
 from typing import Any
 
-from .plots import _BAD_COLOUR, _label, message_figure, new_figure
+from . import plots  # plots.new_figure, looked up at each call: the one figure helper
+from .plots import _BAD_COLOUR, _label, message_figure
 
 
 def _rebin(counts: Any, edges: Any, bins: int) -> tuple[Any, Any]:
@@ -58,7 +59,7 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
     many = any(len(over_steps.get(name, [])) > 1 for name in chosen)
     ncols = 2 if many else min(3, len(chosen))
     nrows = len(chosen) if many else math.ceil(len(chosen) / ncols)
-    fig, axes = new_figure(4.5 * ncols, 2.6 * nrows, grid=(nrows, ncols))
+    fig, axes = plots.new_figure(4.5 * ncols, 2.6 * nrows, grid=(nrows, ncols))
     for ax in axes.flat:
         ax.axis("off")
     panels = [(axes[i, 0], axes[i, 1]) for i in range(nrows)] if many else \

@@ -69,7 +69,10 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     frame = insp.frame()
     if training is not None:
         frame = frame[frame["training"] == training]
-    table = full = _fold_repeats(table)
+    # folded only where mean and std agree too: a ReLU after a Linear often keeps its absmax
+    alike = [t for other in ("mean", "std") if other != stat
+             and (t := insp.history(other, io, training=training)) is not None]
+    table = full = _fold_repeats(table, alike)
     total = len(table)
     if total > top:
         table = table.loc[_most_changed(frame, table, io, top)]
@@ -129,14 +132,19 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     return fig
 
 
-def _fold_repeats(table: Any) -> Any:
+def _fold_repeats(table: Any, alike: list | tuple = ()) -> Any:
     """Drop a row equal at every step to an earlier row inside it or beside it (a container
-    returning its child's output, an identity layer): one row per distinct series."""
+    returning its child's output, an identity layer): one row per distinct series.
+
+    alike: tables of other statistics (same modules and steps) that must be equal as well."""
     import numpy as np
 
+    others = [t.reindex(index=table.index, columns=table.columns).to_numpy(dtype=float)
+              for t in alike]
     keep, seen = [], {}
-    for module, row in zip(table.index, table.to_numpy(dtype=float)):
-        key = np.nan_to_num(row, nan=-7.77e-300).tobytes()
+    for i, (module, row) in enumerate(zip(table.index, table.to_numpy(dtype=float))):
+        series = np.concatenate([row, *(o[i] for o in others)])
+        key = np.nan_to_num(series, nan=-7.77e-300).tobytes()
         earlier = seen.get(key, [])
         if any(_inside_or_beside(e, str(module)) for e in earlier):
             continue
