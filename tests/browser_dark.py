@@ -44,15 +44,27 @@ CONTRAST = """element => {
 
 
 
+def switch_theme(page, name: str) -> None:
+    """Settings > Theme > `name` ("JupyterLab Dark" or "JupyterLab Light"), unless it is on
+    already: the choice is kept in the server's user settings, shared by this file's tests."""
+    from playwright.sync_api import expect
+
+    light = "true" if name == "JupyterLab Light" else "false"
+    themed = page.locator(f"body[data-jp-theme-light='{light}']")
+    if themed.count():
+        return
+    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
+    page.locator(".lm-Menu-itemLabel", has_text="Theme").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{name}$")).click()
+    expect(themed).to_have_count(1, timeout=10_000)
+
+
 def check_dark_theme(page, artifacts: Path) -> None:
     """Switch the open quickstart to JupyterLab Dark and check what it shows (after its cells
     ran and GPU 2 was pinned from the picker)."""
     from playwright.sync_api import expect
 
-    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
-    page.locator(".lm-Menu-itemLabel", has_text="Theme").first.click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^JupyterLab Dark$")).click()
-    expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1, timeout=10_000)
+    switch_theme(page, "JupyterLab Dark")
 
     picker = page.locator(".singlecard-picker")
     pinned = picker.locator("tr.singlecard-gpu", has_text="pinned")

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser_dark import check_dark_theme
+from browser_dark import check_dark_theme, switch_theme
 from conftest import notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,6 +244,7 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
             page.goto(f"{url}/lab/workspaces/live/tree/training.ipynb")
             expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first).to_be_visible(
                 timeout=30_000)
+            switch_theme(page, "JupyterLab Light")  # the quickstart's test left it dark
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
             page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
             view = page.locator(".singlecard-live-view")
@@ -290,11 +291,7 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
             view.locator("input.scn-search").fill("")  # the whole ranked view (docs/live-view*.png are these, copied)
             view.screenshot(path=str(ARTIFACTS / "live-view.png"))
 
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Settings$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).hover()
-            page.get_by_role("menuitem", name="JupyterLab Dark", exact=True).click()
-            expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1,
-                                                                                 timeout=10_000)
+            switch_theme(page, "JupyterLab Dark")
             _next_update(page, view)
             view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
 
