@@ -192,6 +192,47 @@ def _pop(change: _Change) -> None:
             del _stacks[change.key]
 
 
+class Listeners:
+    """One borrowed patch or hook shared by many listeners, who come and go as a tuple.
+
+    The patch is made by `install(owner)` when the first listener arrives. Listeners are kept
+    in a tuple that is replaced, never changed, so a dispatch loop running in another thread
+    (`for fn in self.listeners`) never sees it change. `keep` keeps the patch when the last
+    listener leaves (for a table torch iterates while another thread may change it; the owner
+    is still given back by `restore_all()` on unload).
+    """
+
+    name = "listeners"
+    keep = False
+
+    def __init__(self) -> None:
+        self.listeners: tuple[Callable, ...] = ()
+        self._owner: Borrowed | None = None
+        self._lock = threading.Lock()
+
+    def install(self, owner: Borrowed) -> None:
+        raise NotImplementedError
+
+    def add(self, listener: Callable) -> None:
+        with self._lock:
+            if self._owner is None or not self._owner.active:
+                owner = Borrowed(self.name)
+                try:
+                    self.install(owner)
+                except BaseException:  # half made: given back, also on Ctrl-C
+                    owner.restore()
+                    raise
+                self._owner = owner
+            self.listeners = (*self.listeners, listener)
+
+    def discard(self, listener: Callable) -> None:
+        with self._lock:
+            self.listeners = tuple(fn for fn in self.listeners if fn is not listener)
+            if not self.listeners and not self.keep and self._owner is not None:
+                owner, self._owner = self._owner, None
+                owner.restore()
+
+
 def wrap_like(original: Callable, replacement: Callable) -> Callable:
     """`replacement` carrying `original`'s name, docstring and `__wrapped__`, for a patch: help(),
     tracebacks and `inspect.signature` of the patched function stay those of torch's."""

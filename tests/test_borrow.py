@@ -106,3 +106,47 @@ def test_a_variable_left_as_we_set_it_is_given_back_by_unload(shell):
     shell.run_line_magic("unload_ext", "singlecard_nb")
     assert "WORLD_SIZE" not in os.environ and "MASTER_PORT" not in os.environ
     shell.run_line_magic("load_ext", "singlecard_nb")  # the fixture unloads again
+
+
+class _Target:
+    value = "torch's"
+
+
+class _Patching(borrow.Listeners):
+    name = "test: listeners"
+
+    def install(self, owner):
+        owner.set_attr(_Target, "value", "patched", "the shared patch")
+
+
+def test_listeners_share_one_patch_made_by_the_first_and_given_back_by_the_last():
+    shared = _Patching()
+    first, second = (lambda: None), (lambda: None)
+    shared.add(first)
+    shared.add(second)
+    assert _Target.value == "patched" and shared.listeners == (first, second)
+    shared.discard(first)
+    assert _Target.value == "patched"
+    shared.discard(second)
+    assert _Target.value == "torch's" and borrow.active_owners() == []
+
+
+def test_kept_listeners_keep_their_patch_until_restore_all_and_a_failed_install_leaves_nothing():
+    class Kept(_Patching):
+        keep = True
+
+    kept = Kept()
+    kept.add(print)
+    kept.discard(print)
+    assert _Target.value == "patched"
+    borrow.restore_all()
+    assert _Target.value == "torch's"
+
+    class Failing(_Patching):
+        def install(self, owner):
+            super().install(owner)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Failing().add(print)
+    assert _Target.value == "torch's" and borrow.active_owners() == []

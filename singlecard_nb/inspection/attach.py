@@ -11,7 +11,6 @@ eagerly while inspected (compiled code bypasses module hooks).
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 from collections.abc import Callable
 
@@ -21,7 +20,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from ..borrow import Borrowed
+from ..borrow import Borrowed, Listeners
 from .calls import CallTracker, StepMethod
 from .diagnostics import Diagnostics
 from .recorder import Recorder
@@ -61,38 +60,27 @@ def _run_wrapper_eagerly(owner: Borrowed, model: nn.Module, wrapper: nn.Module) 
                      "warnings filter for torch.compile's global hook note")
 
 
-class _OptimizerListeners:
-    """One optimiser step hook for every params=True inspector of the process.
+class _OptimizerListeners(Listeners):
+    """One optimiser step hook for every inspector of the process that listens to steps.
 
     torch iterates its table of global optimiser hooks during `optimizer.step()`; a hook
     registered or removed meanwhile from another thread raises "OrderedDict mutated during
-    iteration" in the training thread. So the table changes once (the first params=True
-    inspector registers this dispatcher, under an owner that `%unload_ext` restores), and
-    inspectors starting and stopping only replace this tuple of listeners, never mutate it.
+    iteration" in the training thread. So the table changes once (the first listener registers
+    this dispatcher, under an owner that `%unload_ext` restores: `keep`), and inspectors
+    starting and stopping only replace the tuple of listeners.
     """
 
-    def __init__(self) -> None:
-        self._listeners: tuple[Callable, ...] = ()
-        self._owner: Borrowed | None = None
-        self._lock = threading.Lock()
+    name = "inspect: optimizer step hook"
+    keep = True
 
-    def add(self, listener: Callable) -> None:
+    def install(self, owner: Borrowed) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        with self._lock:
-            if self._owner is None or not self._owner.active:
-                owner = Borrowed("inspect: optimizer step hook")
-                owner.add_handle(register_optimizer_step_post_hook(eager(self._dispatch)),
-                                 "optimizer step hook (all params=True inspectors)")
-                self._owner = owner
-            self._listeners = (*self._listeners, listener)
-
-    def discard(self, listener: Callable) -> None:
-        with self._lock:
-            self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
+        owner.add_handle(register_optimizer_step_post_hook(eager(self._dispatch)),
+                         "optimizer step hook (all params=True inspectors)")
 
     def _dispatch(self, optimizer, args, kwargs) -> None:
-        for listener in self._listeners:  # a tuple: replaced, never changed, while we loop
+        for listener in self.listeners:  # a tuple: replaced, never changed, while we loop
             listener(optimizer, args, kwargs)
 
 
