@@ -6,9 +6,9 @@ closes) see every tensor autograd saves. Each saved storage is counted once per 
 shared storages are not counted twice) for the innermost inspected module running, known from a
 stack that a global forward pre-hook pushes and the recorder's per-call hook pops. Parameters and
 buffers are resident anyway and are not counted. The hooks pack a detached alias (packing the
-tensor itself would tie a saved output to its own graph in a cycle that outlives the step) and
-check its version on unpack, as autograd does without hooks: an in-place change of a saved
-tensor is still an error.
+tensor itself would tie a saved output to its own graph in a cycle that outlives the step; a
+leaf, which has no graph, is packed itself) and check its version on unpack, as autograd does
+without hooks: an in-place change of a saved tensor is still an error.
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ class MemoryLedger:
             if id(module) in targets:
                 stack.append(module)
 
+        # Its own pre-hook: the recorder sees a module only when its call ends (a forward
+        # hook), too late to tell a parent's saves from its children's.
         self._pre_hook = register_module_forward_pre_hook(entered)
 
     def _buffer_keys(self, model: nn.Module, targets: dict) -> set[int]:
