@@ -22,7 +22,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 say "ruff check (a few seconds)"
 .venv/bin/ruff check singlecard_nb tests benchmarks scripts
-say "pytest (the whole suite: about 760 tests; each file's name is printed as it starts and the" \
+say "pytest (the whole suite: about 950 tests; each file's name is printed as it starts and the" \
     "15 slowest tests at the end; ./test.sh -k NAME runs a part)"
 # The tests that depend on how torch was built (marker torch_build) run here against this
 # .venv's torch; .ci/run runs them once more against the CUDA build of torch in a second venv.
