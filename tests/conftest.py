@@ -47,6 +47,15 @@ def as_torch_build(monkeypatch, cuda_built: bool | None) -> bool:
     return cuda_built
 
 
+def failure(fn, *args, **kwargs) -> BaseException:
+    """The exception `fn(*args, **kwargs)` raises (the test fails if it raises none)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        return e
+    pytest.fail(f"{fn} raised nothing")
+
+
 def magic_error(shell, line: str):
     """Run a cell in `shell`; return the UsageError it gave the user, or None. Anything else it
     raised (a traceback for the user) fails the test."""

@@ -8,6 +8,7 @@ test-artifacts/browser/ for a person to look at.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -120,8 +121,25 @@ def _only_local(route) -> None:
         route.abort()
 
 
+@contextlib.contextmanager
+def lab_page(address: str):
+    """A Chromium page (1400 × 1000, local requests only) open at `address`, closed after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.route("**/*", _only_local)
+            page = context.new_page()
+            page.goto(address)
+            yield page
+        finally:
+            browser.close()
+
+
 def test_quickstart_in_a_real_browser(lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     started = time.monotonic()
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
@@ -130,63 +148,55 @@ def test_quickstart_in_a_real_browser(lab):
     gpu2 = machine["gpus"][2]
     gpu2_label = f"GPU 2 · {gpu2['name']} · {gpu2['uuid'][:12]}"
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            context.route("**/*", _only_local)
-            page = context.new_page()
-            page.goto(f"{lab}/lab/tree/quickstart.ipynb")
-            idle = page.locator(".jp-StatusBar-Widget", has_text="| Idle")
-            expect(idle.first).to_be_visible(timeout=30_000)
+    with lab_page(f"{lab}/lab/tree/quickstart.ipynb") as page:
+        idle = page.locator(".jp-StatusBar-Widget", has_text="| Idle")
+        expect(idle.first).to_be_visible(timeout=30_000)
 
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-            last_output = page.locator(".jp-OutputArea-output", has_text="CUDA_VISIBLE_DEVICES =")
-            expect(last_output).to_be_visible(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "1-after-run-all.png"))
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+        last_output = page.locator(".jp-OutputArea-output", has_text="CUDA_VISIBLE_DEVICES =")
+        expect(last_output).to_be_visible(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "1-after-run-all.png"))
 
-            # The picker lists the described machine, one row per GPU.
-            picker = page.locator(".singlecard-picker")
-            expect(picker).to_have_count(1)
-            expect(picker.locator("tr.singlecard-gpu")).to_have_count(4)
-            expect(picker.locator("tr.singlecard-mig")).to_have_count(2)
-            picker.scroll_into_view_if_needed()
-            picker.screenshot(path=str(ARTIFACTS / "2-picker.png"))
+        # The picker lists the described machine, one row per GPU.
+        picker = page.locator(".singlecard-picker")
+        expect(picker).to_have_count(1)
+        expect(picker.locator("tr.singlecard-gpu")).to_have_count(4)
+        expect(picker.locator("tr.singlecard-mig")).to_have_count(2)
+        picker.scroll_into_view_if_needed()
+        picker.screenshot(path=str(ARTIFACTS / "2-picker.png"))
 
-            # Choose GPU 2 and press Pin, as a user would.
-            picker.locator(".widget-dropdown select").select_option(label=gpu2_label)
-            picker.locator("button.jupyter-button", has_text=re.compile(r"^\s*Pin\s*$")).click()
-            expect(picker).to_contain_text("Pinned (hard): GPU 2", timeout=15_000)
-            expect(picker.locator("tr.singlecard-gpu").nth(2)).to_contain_text("pinned")
-            picker.screenshot(path=str(ARTIFACTS / "3-picker-after-pin.png"))
+        # Choose GPU 2 and press Pin, as a user would.
+        picker.locator(".widget-dropdown select").select_option(label=gpu2_label)
+        picker.locator("button.jupyter-button", has_text=re.compile(r"^\s*Pin\s*$")).click()
+        expect(picker).to_contain_text("Pinned (hard): GPU 2", timeout=15_000)
+        expect(picker.locator("tr.singlecard-gpu").nth(2)).to_contain_text("pinned")
+        picker.screenshot(path=str(ARTIFACTS / "3-picker-after-pin.png"))
 
-            # The kernel itself now has GPU 2's UUID: re-run the last cell and read its output.
-            last_cell = page.locator(".jp-CodeCell").last
-            prompt = last_cell.locator(".jp-InputPrompt")
-            before = prompt.inner_text()
-            prompt.click()
-            page.keyboard.press("Control+Enter")
-            expect(prompt).not_to_have_text(before, timeout=15_000)
-            expect(last_cell.locator(".jp-OutputArea-output")).to_contain_text(
-                f"CUDA_VISIBLE_DEVICES = {gpu2['uuid']}", timeout=15_000)
-            last_cell.screenshot(path=str(ARTIFACTS / "4-kernel-env.png"))
+        # The kernel itself now has GPU 2's UUID: re-run the last cell and read its output.
+        last_cell = page.locator(".jp-CodeCell").last
+        prompt = last_cell.locator(".jp-InputPrompt")
+        before = prompt.inner_text()
+        prompt.click()
+        page.keyboard.press("Control+Enter")
+        expect(prompt).not_to_have_text(before, timeout=15_000)
+        expect(last_cell.locator(".jp-OutputArea-output")).to_contain_text(
+            f"CUDA_VISIBLE_DEVICES = {gpu2['uuid']}", timeout=15_000)
+        last_cell.screenshot(path=str(ARTIFACTS / "4-kernel-env.png"))
 
-            # The live inspection view rendered one row per module, and its final state.
-            live = page.locator("table.singlecard-live")
-            expect(live).to_have_count(1)
-            expect(live.locator("tr.singlecard-live-row")).to_have_count(5)  # root folded into "4"
-            live_output = page.locator(".jp-OutputArea-output", has=live)
-            expect(live_output).to_contain_text("stopped")
-            live_output.scroll_into_view_if_needed()
-            live_output.screenshot(path=str(ARTIFACTS / "5-live-view.png"))
-            figure = page.locator(".jp-OutputArea-output img").first
-            figure.scroll_into_view_if_needed()
-            figure.screenshot(path=str(ARTIFACTS / "6-heatmap.png"))
+        # The live inspection view rendered one row per module, and its final state.
+        live = page.locator("table.singlecard-live")
+        expect(live).to_have_count(1)
+        expect(live.locator("tr.singlecard-live-row")).to_have_count(5)  # root folded into "4"
+        live_output = page.locator(".jp-OutputArea-output", has=live)
+        expect(live_output).to_contain_text("stopped")
+        live_output.scroll_into_view_if_needed()
+        live_output.screenshot(path=str(ARTIFACTS / "5-live-view.png"))
+        figure = page.locator(".jp-OutputArea-output img").first
+        figure.scroll_into_view_if_needed()
+        figure.screenshot(path=str(ARTIFACTS / "6-heatmap.png"))
 
-            check_dark_theme(page, ARTIFACTS)  # the same page, switched to JupyterLab Dark
-        finally:
-            browser.close()
+        check_dark_theme(page, ARTIFACTS)  # the same page, switched to JupyterLab Dark
     assert time.monotonic() - started < 105
 
 
@@ -228,74 +238,66 @@ def _next_update(page, view) -> None:
 
 def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(lab_server):
     """Kernel busy: every interaction happens in the page, and survives the view's updates."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, root = lab_server
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (root / "training.ipynb").write_text(json.dumps(TRAINING_NOTEBOOK))
     shutil.copy(Path(__file__).with_name("gpt_like.py"), root / "gpt_like.py")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            context.route("**/*", _only_local)
-            page = context.new_page()
-            # a workspace of its own: the quickstart's tabs, open in the default one, stay shut
-            page.goto(f"{url}/lab/workspaces/live/tree/training.ipynb")
-            expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first).to_be_visible(
-                timeout=30_000)
-            switch_theme(page, "JupyterLab Light")  # the quickstart's test left it dark
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-            view = page.locator(".singlecard-live-view")
-            expect(view).to_contain_text("recording", timeout=60_000)
-            expect(page.locator(".jp-StatusBar-Widget", has_text="| Busy").first).to_be_visible()
-            # the ranking puts the growing layer's group first, named by its worst member
-            expect(view.locator("tbody tr").first).to_contain_text(
-                "worst: transformer.h.9.mlp.", timeout=20_000)
-            cells = page.locator(".jp-Cell").count()
+    # a workspace of its own: the quickstart's tabs, open in the default one, stay shut
+    with lab_page(f"{url}/lab/workspaces/live/tree/training.ipynb") as page:
+        expect(page.locator(".jp-StatusBar-Widget", has_text="| Idle").first).to_be_visible(
+            timeout=30_000)
+        switch_theme(page, "JupyterLab Light")  # the quickstart's test left it dark
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+        view = page.locator(".singlecard-live-view")
+        expect(view).to_contain_text("recording", timeout=60_000)
+        expect(page.locator(".jp-StatusBar-Widget", has_text="| Busy").first).to_be_visible()
+        # the ranking puts the growing layer's group first, named by its worst member
+        expect(view.locator("tbody tr").first).to_contain_text(
+            "worst: transformer.h.9.mlp.", timeout=20_000)
+        cells = page.locator(".jp-Cell").count()
 
-            # a group opens into its 12 members, and stays open across an update
-            group = view.locator("tbody tr").first.get_attribute("data-key")
-            toggle = f"tr[data-key='{group}'] .scn-toggle"  # rows may move between updates
-            view.locator(toggle).click()
-            expect(view.locator("tr.scn-member")).to_have_count(12)
-            _next_update(page, view)
-            expect(view.locator("tr.scn-member")).to_have_count(12)
-            view.locator(toggle).click()
-            expect(view.locator("tr.scn-member")).to_have_count(0)
+        # a group opens into its 12 members, and stays open across an update
+        group = view.locator("tbody tr").first.get_attribute("data-key")
+        toggle = f"tr[data-key='{group}'] .scn-toggle"  # rows may move between updates
+        view.locator(toggle).click()
+        expect(view.locator("tr.scn-member")).to_have_count(12)
+        _next_update(page, view)
+        expect(view.locator("tr.scn-member")).to_have_count(12)
+        view.locator(toggle).click()
+        expect(view.locator("tr.scn-member")).to_have_count(0)
 
-            # search (a glob), typed while the cell runs; it survives the next update
-            search = view.locator("input.scn-search")
-            search.click()
-            page.keyboard.type("*ln_1")  # keys go to the box, not to notebook shortcuts
-            expect(view.locator("tbody tr.singlecard-live-row")).to_have_count(12)
-            _next_update(page, view)
-            expect(view.locator("input.scn-search")).to_have_value("*ln_1")
-            assert all("ln_1" in row for row in _rows(view)) and len(_rows(view)) == 12
-            assert page.locator(".jp-Cell").count() == cells
+        # search (a glob), typed while the cell runs; it survives the next update
+        search = view.locator("input.scn-search")
+        search.click()
+        page.keyboard.type("*ln_1")  # keys go to the box, not to notebook shortcuts
+        expect(view.locator("tbody tr.singlecard-live-row")).to_have_count(12)
+        _next_update(page, view)
+        expect(view.locator("input.scn-search")).to_have_value("*ln_1")
+        assert all("ln_1" in row for row in _rows(view)) and len(_rows(view)) == 12
+        assert page.locator(".jp-Cell").count() == cells
 
-            # sort by absmax (largest first), then pin a row: both survive an update
-            view.locator("input.scn-search").fill("")
-            view.locator("th", has_text=re.compile(r"^absmax$")).click()
-            _next_update(page, view)
-            expect(view.locator("th", has_text="absmax ▼")).to_have_count(1)
-            values = view.locator("tbody tr.singlecard-live-row td:nth-child(7)").all_inner_texts()
-            numbers = [float(v) for v in values]
-            assert numbers == sorted(numbers, reverse=True)
-            view.locator("tbody tr.singlecard-live-row", has_text="transformer.ln_f").locator(
-                "td.p").click()
-            _next_update(page, view)
-            expect(view.locator("tbody tr").first).to_contain_text("transformer.ln_f")
-            expect(view.locator("tbody tr").first.locator("td.p")).to_have_text("★")
-            view.locator("input.scn-search").fill("")  # the whole ranked view (docs/live-view*.png are these, copied)
-            view.screenshot(path=str(ARTIFACTS / "live-view.png"))
+        # sort by absmax (largest first), then pin a row: both survive an update
+        view.locator("input.scn-search").fill("")
+        view.locator("th", has_text=re.compile(r"^absmax$")).click()
+        _next_update(page, view)
+        expect(view.locator("th", has_text="absmax ▼")).to_have_count(1)
+        values = view.locator("tbody tr.singlecard-live-row td:nth-child(7)").all_inner_texts()
+        numbers = [float(v) for v in values]
+        assert numbers == sorted(numbers, reverse=True)
+        view.locator("tbody tr.singlecard-live-row", has_text="transformer.ln_f").locator(
+            "td.p").click()
+        _next_update(page, view)
+        expect(view.locator("tbody tr").first).to_contain_text("transformer.ln_f")
+        expect(view.locator("tbody tr").first.locator("td.p")).to_have_text("★")
+        view.locator("input.scn-search").fill("")  # the whole ranked view (docs/live-view*.png are these, copied)
+        view.screenshot(path=str(ARTIFACTS / "live-view.png"))
 
-            switch_theme(page, "JupyterLab Dark")
-            _next_update(page, view)
-            view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
+        switch_theme(page, "JupyterLab Dark")
+        _next_update(page, view)
+        view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
 
-            (root / "stop").write_text("")
-            expect(view).to_contain_text("stopped", timeout=20_000)
-        finally:
-            browser.close()
+        (root / "stop").write_text("")
+        expect(view).to_contain_text("stopped", timeout=20_000)

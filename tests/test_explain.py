@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import failure
 from torch import nn
 
 import singlecard_nb as scn
@@ -22,15 +23,6 @@ from singlecard_nb.notices import Notices
 from singlecard_nb.parallel import single_card
 
 torch.manual_seed(0)
-
-
-def failure(fn, *args, **kwargs) -> BaseException:
-    """The exception `fn(*args, **kwargs)` raises (the test fails if it raises none)."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:
-        return e
-    pytest.fail(f"{fn} raised nothing")
 
 
 def explained(fn, *args, **kwargs) -> scn.Explanation:

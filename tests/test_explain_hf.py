@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import failure
 from torch import nn
 
 import singlecard_nb as scn
@@ -20,14 +21,6 @@ def bert_config(transformers, hidden=32, **overrides):
     return transformers.BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=2,
                                    num_attention_heads=4, intermediate_size=2 * hidden,
                                    max_position_embeddings=32, **overrides)
-
-
-def failure(fn, *args, **kwargs) -> BaseException:
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:
-        return e
-    pytest.fail("raised nothing")
 
 
 def test_a_head_sized_from_another_config_than_its_encoder(transformers):

@@ -6,18 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import failure
 from torch import nn
 
 import singlecard_nb as scn
 from singlecard_nb.diagnosis.described import values_text
-
-
-def failure(fn, *args, **kwargs) -> BaseException:
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:
-        return e
-    pytest.fail("raised nothing")
 
 
 @pytest.fixture(scope="module")
