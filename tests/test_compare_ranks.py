@@ -32,26 +32,33 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def torchrun(out: Path, *args: str) -> dict:
-    """Run the script as a real 2-process job; return rank 0's summary."""
+def torchrun(out: Path, *args: str) -> list[str]:
+    """The command that runs the script as a real 2-process job."""
     # --standalone: the rendezvous takes a free port itself, so parallel runs never collide
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(SCRIPT), "--out", str(out), *args]
-    done = subprocess.run(command, env=_environment(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return _result(done.stdout)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=2", str(SCRIPT), "--out", str(out), *args]
 
 
-def single_card(out: Path, *args: str) -> dict:
+def single_card(out: Path, *args: str) -> list[str]:
     """The same script in a fresh process under single-card mode (what %run does in a notebook)."""
     code = ("import runpy, sys; import singlecard_nb as scn; scn.pin('cpu'); "
             f"sys.argv = [{str(SCRIPT)!r}, '--out', {str(out)!r}, *{list(args)!r}]; "
             f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", code], env=_environment(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return _result(done.stdout)
+    return [sys.executable, "-c", code]
+
+
+def run_together(commands: dict[str, list[str]]) -> dict[str, dict]:
+    """Run the commands at once (most of each is starting Python and torch, which two cores
+    share well); rank 0's summary of each."""
+    started = {name: subprocess.Popen(command, env=_environment(), cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for name, command in commands.items()}
+    results = {}
+    for name, process in started.items():
+        stdout, stderr = process.communicate(timeout=240)
+        assert process.returncode == 0, f"{name}: " + stdout[-3000:] + stderr[-3000:]
+        results[name] = _result(stdout)
+    return results
 
 
 def _result(stdout: str) -> dict:
@@ -63,11 +70,13 @@ def _result(stdout: str) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("ddp")
-    return {
-        "clean": (base / "clean", torchrun(base / "clean")),
-        "param": (base / "param", torchrun(base / "param", "--desync", "param")),
-        "single": (base / "single", single_card(base / "single")),
-    }
+    results = run_together({"clean": torchrun(base / "clean"),
+                            "param": torchrun(base / "param", "--desync", "param"),
+                            "single": single_card(base / "single"),
+                            # every rank reads the same batches: the forward pass is compared too
+                            "dropout": torchrun(base / "dropout", "--desync", "dropout",
+                                                "--same-data", "--dropout", "0.2")})
+    return {name: (base / name, result) for name, result in results.items()}
 
 
 def test_frame_ranks_all_gathers_both_ranks_inside_the_job(runs):
@@ -124,10 +133,8 @@ def test_the_job_computes_what_one_card_computes_with_the_global_batch(runs):
     assert scn.compare(runs["param"][0], single_out).first.rank in (0, 1)
 
 
-def test_a_dropout_seed_that_differs_shows_at_the_dropout(tmp_path):
-    # every rank reads the same batches, so compare_ranks also compares the forward pass
-    result = torchrun(tmp_path / "dropout", "--desync", "dropout", "--same-data",
-                      "--dropout", "0.2")
+def test_a_dropout_seed_that_differs_shows_at_the_dropout(runs):
+    _, result = runs["dropout"]
     assert result["differing_ranks"] == [1]
     assert result["first"]["step"] == 0 and result["first"]["module"] == "module.2"
     assert result["first"]["io"] == "output" and result["notes"] == []
