@@ -227,6 +227,20 @@ def _rows(view) -> list[str]:
     return view.locator("tbody tr.singlecard-live-row").all_inner_texts()
 
 
+def _screenshot(view, path: Path) -> None:
+    """A screenshot of the view, which the kernel may redraw (a new element) while it is
+    taken: then once more."""
+    from playwright.sync_api import Error
+
+    for attempt in range(3):
+        try:
+            view.screenshot(path=str(path))
+            return
+        except Error:
+            if attempt == 2:
+                raise
+
+
 def _next_update(page, view) -> None:
     """Wait until the kernel redraws the view (its "updated" time or step changes)."""
     from playwright.sync_api import expect
@@ -293,11 +307,11 @@ def test_live_view_searches_sorts_and_pins_in_the_browser_while_a_cell_trains(la
         expect(view.locator("tbody tr").first).to_contain_text("transformer.ln_f")
         expect(view.locator("tbody tr").first.locator("td.p")).to_have_text("★")
         view.locator("input.scn-search").fill("")  # the whole ranked view (docs/live-view*.png are these, copied)
-        view.screenshot(path=str(ARTIFACTS / "live-view.png"))
+        _screenshot(view, ARTIFACTS / "live-view.png")
 
         switch_theme(page, "JupyterLab Dark")
         _next_update(page, view)
-        view.screenshot(path=str(ARTIFACTS / "live-view-dark.png"))
+        _screenshot(view, ARTIFACTS / "live-view-dark.png")
 
         (root / "stop").write_text("")
         expect(view).to_contain_text("stopped", timeout=20_000)

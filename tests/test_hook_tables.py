@@ -64,6 +64,20 @@ def test_an_uninspected_model_in_another_thread_keeps_working():
     assert not errors
 
 
+def test_a_call_that_took_the_hook_table_before_the_hook_left_is_let_be():
+    """The interleaving behind the test above: another thread's module call copies torch's
+    global hook table, the inspector stops (hook, then its with_kwargs flag, taken away), and
+    that call then finds no flag and passes (module, args, output)."""
+    model, x = nn.Linear(4, 4), torch.ones(1, 4)
+    with scn.inspect(model, steps="manual"):
+        taken = dict(torch_module._global_forward_hooks)  # what the other call copied
+    late = [hook for hook_id, hook in taken.items()
+            if hook_id not in torch_module._global_forward_hooks_with_kwargs]
+    assert late  # the inspector's hook, its flag gone
+    for hook in late:
+        assert hook(model, (x,), model(x)) is None
+
+
 class _Interrupting(dict):
     def __init__(self, *args):
         super().__init__(*args)

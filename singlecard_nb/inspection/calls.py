@@ -50,6 +50,9 @@ def calls_on_stack(frame: Any, module: nn.Module) -> int:
     return count
 
 
+_UNSEEN = object()  # on_forward called without an output (see there)
+
+
 class CallTracker:
     """Opens and closes calls of the model, begins steps (`every`), and routes module calls.
 
@@ -263,11 +266,18 @@ class CallTracker:
                       "steps='manual' and call insp.step() after each step, or inspect the "
                       "submodule you call.")
 
-    def on_forward(self, module, args, kwargs, output, own_hooks: bool = False) -> None:
+    def on_forward(self, module, args, kwargs, output=_UNSEEN, own_hooks: bool = False) -> None:
         """The global forward hook; with `own_hooks`, the hook of a module with forward hooks of
         its own, which runs after them (see attach.py). One body for both: this runs once
-        per module call, where each Python frame counts."""
+        per module call, where each Python frame counts.
+
+        No `output`: another thread's module call took torch's hook table before the hook was
+        removed and read its with_kwargs flag after (torch then passes (module, args,
+        output)); the hook is on its way out, so that call is let be.
+        """
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        if output is _UNSEEN:
+            return
         target = (self.targets if own_hooks else self.hooked).get(id(module))
         if target is None or not self.recording or _is_compiling() or target.ref() is not module:
             return
