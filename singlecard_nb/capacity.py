@@ -8,7 +8,6 @@ memory tables that inspectors with `memory=True` keep (read by diagnosis's out-o
 from __future__ import annotations
 
 import dataclasses
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -93,15 +92,6 @@ def module_table(model: Any) -> dict | None:
     """The memory table an inspector with memory=True published for `model` (or None)."""
     table = _tables.get(model)
     return table() if table is not None else None
-
-
-def world_size(environ: Any = None) -> int:
-    """The WORLD_SIZE the script was launched with (torchrun's variable; 1 when unset)."""
-    environ = os.environ if environ is None else environ
-    try:
-        return max(int(environ.get("WORLD_SIZE", "1") or 1), 1)
-    except ValueError:
-        return 1
 
 
 def size_text(n: float | None) -> str:

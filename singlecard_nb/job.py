@@ -7,6 +7,7 @@ group once one is formed, else the variables torchrun sets before the script for
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def place() -> tuple[int, int]:
@@ -22,6 +23,16 @@ def place() -> tuple[int, int]:
     except ValueError:
         return 0, 1
     return max(rank, 0), max(world, 1)
+
+
+def launched_world_size(environ: Any = None) -> int:
+    """The WORLD_SIZE the script was launched with (torchrun's variable; 1 when unset or no
+    number), whether or not a process group exists yet."""
+    environ = os.environ if environ is None else environ
+    try:
+        return max(int(environ.get("WORLD_SIZE", "1") or 1), 1)
+    except ValueError:
+        return 1
 
 
 def rank() -> int:

@@ -7,6 +7,8 @@ import html
 import math
 from typing import Any
 
+from ..theme import no_math
+
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -82,4 +84,4 @@ def trend(first: float, last: float) -> str:
 
 def escape(text: Any) -> str:
     """HTML-escaped, with `$` as `&#36;` so MathJax never typesets a path or a message."""
-    return html.escape(str(text)).replace("$", "&#36;")
+    return no_math(html.escape(str(text)))

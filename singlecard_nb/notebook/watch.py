@@ -24,6 +24,7 @@ from typing import Any, Callable
 from IPython.display import display
 
 from .. import borrow
+from ..capacity import size_text
 
 _PROC_STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -57,16 +58,8 @@ def is_watching(shell: Any) -> bool:
 # --- figures -------------------------------------------------------------------------------
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def _fmt_delta(n: float) -> str:
-    return ("+" if n >= 0 else "-") + _fmt_bytes(abs(n))
+    return ("+" if n >= 0 else "-") + size_text(abs(n))
 
 
 @dataclass(frozen=True)
@@ -86,9 +79,9 @@ class CellMemory:
     note: str = ""
 
     def __repr__(self) -> str:
-        peak = _fmt_bytes(self.peak) if self.peak_exact else f"≥{_fmt_bytes(self.peak)} (sampled)"
+        peak = size_text(self.peak) if self.peak_exact else f"≥{size_text(self.peak)} (sampled)"
         text = (f"[singlecard watch] {self.device} {self.kind}: peak {peak}, "
-                f"net {_fmt_delta(self.net)}, now {_fmt_bytes(self.now)} · {self.seconds:.2f} s")
+                f"net {_fmt_delta(self.net)}, now {size_text(self.now)} · {self.seconds:.2f} s")
         return text + (f" · {self.note}" if self.note else "")
 
     def _repr_html_(self) -> str:

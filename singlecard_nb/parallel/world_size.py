@@ -13,15 +13,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
+from ..job import launched_world_size
 from ..notices import Notices
 
 
 def from_environ(environ: Mapping[str, str]) -> int | None:
     """The WORLD_SIZE a user (or a copied launch command) set, when it is a number above 1."""
-    try:
-        size = int(environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        return None
+    size = launched_world_size(environ)
     return size if size > 1 else None
 
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..capacity import Card, world_size
+from ..capacity import Card
+from ..job import launched_world_size
 from .ledger import FakeStep
 from .plan import Plan, Run
 
@@ -117,7 +118,7 @@ def fit(model: nn.Module, batch: Any, *, optimizer: Any = None, loss_fn: Any = N
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"scn.fit: optimizer must be a torch.optim.Optimizer or None, got "
                         f"{type(optimizer).__name__}")
-    world, inner = world_size(), model
+    world, inner = launched_world_size(), model
     if isinstance(model, _WRAPPERS):  # the step runs the module inside; the batch stays global
         inner = model.module
         if isinstance(model, nn.DataParallel):

@@ -17,7 +17,8 @@ import warnings
 import torch
 from torch import nn
 
-from ...capacity import host_card, module_table, pinned_card, size_text, world_size
+from ...capacity import host_card, module_table, pinned_card, size_text
+from ...job import launched_world_size
 from ..failure import Failure
 
 _UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40, "PiB": 2 ** 50}
@@ -80,7 +81,7 @@ def _global_batch(root: nn.Module, batch: int) -> tuple[int, str]:
         cards = len(asked) if asked else None
         where = f"the batch DataParallel split over {cards} GPUs" if cards else "DataParallel's batch"
         return batch, where
-    world = world_size()
+    world = launched_world_size()
     if world > 1:
         return batch * world, f"{world} ranks × {batch} per rank"
     return batch, "this job's batch"
