@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Create or refresh .venv for singlecard_nb. Reuses a torch that is already importable
-# (the venv sees system site-packages); otherwise installs torch==2.13.0: on the project's
-# machines its CPU-only wheel lies on disk, elsewhere pip downloads the CUDA build from PyPI
-# (about 3 GB; a 4.6 GB .venv).
+# Create or refresh .venv for singlecard_nb, resolved as a user's `pip install -e '.[dev]'`
+# resolves today: the venv does not see the machine's site-packages (an old system IPython
+# would otherwise hide what users get). torch is pinned to 2.13.0 (the main lane): on the
+# project's machines its CPU-only wheel lies on disk, elsewhere pip downloads the CUDA build
+# from PyPI (about 3 GB; a 4.6 GB .venv). .ci/run's other lanes test the newest releases and
+# pyproject's floors.
 #
 # The first run takes 2-9 minutes (measured on a busy 2-core box: 1 min 42 s as root with the
 # local CPU wheel; 8 min 30 s as a normal user downloading the CUDA build) and says what it is
@@ -32,7 +34,7 @@ pip_quietly() {  # pip's own output is a wall of text; keep only what is not a l
 
 if [ ! -x .venv/bin/python ]; then
     step "1/4 creating .venv with $("$python" --version 2>&1) (a few seconds; first run only)"
-    "$python" -m venv --system-site-packages .venv
+    "$python" -m venv .venv
     step_done
 fi
 # find_spec, not import: asking costs 50 ms where importing torch costs seconds on every ./lab.sh

@@ -96,6 +96,27 @@ def notebook_runner():
     return module
 
 
+@pytest.fixture(autouse=True)
+def a_new_users_shell():
+    """Each test that asks for IPython's shell (`InteractiveShell.instance()`) gets a new one,
+    in the state a user's fresh kernel is in: nothing loaded, no magic resolved yet (IPython
+    9.17+ registers %run and the other built-ins lazily), whatever earlier tests did to theirs.
+    """
+    _forget_the_shell()
+    yield
+    _forget_the_shell()
+
+
+def _forget_the_shell() -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    if InteractiveShell.initialized():
+        saver = getattr(InteractiveShell.instance().history_manager, "save_thread", None)
+        if saver is not None:
+            saver.stop()  # one history thread per shell would pile up otherwise
+    InteractiveShell.clear_instance()
+
+
 @pytest.fixture
 def shown(monkeypatch) -> list:
     """What `%singlecard` passed to IPython's display() (a module may define its own `shown`)."""

@@ -40,8 +40,8 @@ def _state() -> tuple:
             scn.current(), sorted(o.name for o in borrow.active_owners()))
 
 
-@pytest.fixture(scope="module")
-def shell():
+@pytest.fixture
+def shell():  # a test function's shell (its examples share it); each test gets a new one
     devices.use_machine(Machine.from_dict(FOUR_GPUS))
     for name in ("SINGLECARD_NB_DEVICE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         os.environ.pop(name, None)

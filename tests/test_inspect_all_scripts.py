@@ -31,14 +31,14 @@ GPT_PATHS = {"", "transformer.wte", "transformer.h.0.attn.c_proj", "transformer.
 def ip(monkeypatch):
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "singlecard_nb")
-    run_magic = shell.magics_manager.magics["line"]["run"]
+    run_magic = shell.find_magic("run")  # IPython's own %run, resolved if registered lazily
     explained: list = []
     monkeypatch.setattr(explain_cells, "display", explained.append)
     shell.explained = explained
     yield shell
     shell.run_line_magic("unload_ext", "singlecard_nb")
     assert borrow.active_owners() == []
-    assert shell.magics_manager.magics["line"]["run"] == run_magic
+    assert shell.magics_manager.magics["line"]["run"] == run_magic  # IPython's own again
     assert not module_globals._global_forward_pre_hooks and not module_globals._global_forward_hooks
 
 

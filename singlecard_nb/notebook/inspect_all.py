@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from ..borrow import Borrowed
+from . import lazy_magics
 
 
 def inspect_all_line(magics: Any, args: Any) -> None:
@@ -64,10 +65,13 @@ _run_owners: dict[int, Borrowed] = {}
 
 def _clean_runs(magics: Any, finder: Any) -> None:
     """Wrap `%run` (once per shell; the wrapper reads the current finder)."""
-    table = magics.shell.magics_manager.magics["line"]
     if id(magics) in _run_owners and _run_owners[id(magics)].active:
         return
-    original = table["run"]
+    # The real %run, not IPython 9.17+'s placeholder (which would look the name up again and
+    # find this wrapper). Giving back puts this callable back: once resolved, a placeholder
+    # cannot be put back (IPython counts its class as loaded and would refuse it).
+    original = lazy_magics.resolved(magics.shell, "line", "run")
+    table = magics.shell.magics_manager.magics["line"]
 
     @functools.wraps(original)  # keeps IPython's magic attributes (no variable expansion)
     def run(*args: Any, **kwargs: Any) -> Any:

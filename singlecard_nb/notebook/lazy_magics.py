@@ -1,0 +1,24 @@
+"""The magic a shell really runs, whether IPython registered it eagerly or lazily.
+
+From IPython 9.17 on, built-in magics such as `%run` sit in the magics table as placeholders
+(`LazyMagic`) that look the name up again when called. A wrapper put in the table in place of
+a placeholder would be found by that lookup and call itself for ever, so whoever wraps a magic
+resolves it first and wraps the real callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def resolved(shell: Any, kind: str, name: str) -> Callable[..., Any]:
+    """The callable behind `%name` (kind "line") or `%%name` (kind "cell"), imported if lazy.
+
+    Resolving registers IPython's real magic in the table, so the table then holds what the
+    shell itself would hold after the magic's first use.
+    """
+    magic = shell.find_magic(name, kind)  # imports a placeholder's class on IPython >= 9.17
+    if magic is None:
+        raise KeyError(f"the shell has no {kind} magic {name!r}")
+    return magic
