@@ -32,6 +32,12 @@ pip_quietly() {  # pip's own output is a wall of text; keep only what is not a l
     .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v "^WARNING: Location" || true
 }
 
+if grep -qs "include-system-site-packages = true" .venv/pyvenv.cfg; then
+    # made by an older setup.sh, which let the machine's packages (an old IPython) stand in
+    step "0/4 removing the old .venv, which saw the machine's site-packages (a few seconds)"
+    rm -rf .venv
+    step_done
+fi
 if [ ! -x .venv/bin/python ]; then
     step "1/4 creating .venv with $("$python" --version 2>&1) (a few seconds; first run only)"
     "$python" -m venv .venv

@@ -141,6 +141,26 @@ def _has_gpu() -> bool:
         return False
 
 
+REPORTED = ("torch", "ipython", "ipykernel", "pandas", "matplotlib", "numpy", "ipywidgets")
+
+
+def pytest_report_header(config) -> str:
+    """The releases this run tests (a lane's venv resolves them; the header says which)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import torch  # its build: "+cpu", or the CUDA version it was built for
+
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    return (f"singlecard_nb tests on Python {sys.version.split()[0]}: torch {torch.__version__} "
+            f"({build}), " + ", ".join(f"{name} {version(name)}" for name in REPORTED[1:]))
+
+
 def pytest_collection_modifyitems(config, items):
     if not _has_gpu():
         skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: NVML reports none on this machine")

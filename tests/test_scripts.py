@@ -69,7 +69,7 @@ echo "$*" >> "$CALLS"
 case "$1" in
   --version) echo "Python 3.99.0";;
   -m) case "$2" in
-        venv) mkdir -p "$4/bin" && cp "$0" "$4/bin/python";;
+        venv) mkdir -p "${@: -1}/bin" && cp "$0" "${@: -1}/bin/python";;
         pip) if [[ "$*" == *torch==2.13.0* ]]; then touch "$here/torch-installed"; fi;;
       esac;;
   -c) if [[ "$2" == *find_spec* ]]; then [ -e "$here/torch-installed" ]; exit; fi;;
@@ -123,6 +123,17 @@ def test_first_setup_says_what_it_is_doing_and_later_ones_are_silent(checkout):
     pyproject.write_text(pyproject.read_text() + "\n# a new dependency\n")
     said, calls = _setup(checkout)
     assert "3/4 installing singlecard_nb" in said and "1/4" not in said and "2/4" not in said
+
+
+def test_the_venv_resolves_like_a_users_and_an_old_one_that_saw_the_machines_packages_goes(checkout):
+    said, calls = _setup(checkout)
+    made = [c for c in calls if c.startswith("-m venv")]
+    assert made == ["-m venv .venv"]  # no --system-site-packages: the machine's old IPython stays out
+
+    (checkout / ".venv" / "pyvenv.cfg").write_text("include-system-site-packages = true\n")
+    said, calls = _setup(checkout)  # a .venv made by the old setup.sh is made anew
+    assert "removing the old .venv, which saw the machine's site-packages" in said
+    assert "-m venv .venv" in calls and any("torch==2.13.0" in c for c in calls)
 
 
 @pytest.mark.parametrize("quiet", [{"CI": "true"}, {"SINGLECARD_NB_QUIET": "1"}])
