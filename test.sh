@@ -26,6 +26,6 @@ say "pytest (the whole suite: about 950 tests in two workers, about 5 min on 2 c
     "test as it ends and the 15 slowest at the end; ./test.sh -k NAME runs a part, ./test.sh -n 0" \
     "in one process)"
 # The tests that depend on how torch was built (marker torch_build) run here against this
-# .venv's torch; .ci/run runs them once more against the CUDA build of torch in a second venv.
+# .venv's torch; .ci/run's latest lane runs them against PyPI's CUDA build of torch 2.15.0.
 # Two workers, a test file each (pytest-xdist): about 5 minutes instead of 8 on two cores.
 exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=15 "$@"

@@ -1,8 +1,12 @@
 """Print `name==minimum` for each dependency whose floor the floor lane tests, read from
-pyproject.toml (the one place the minimums are declared), one a line, torch first."""
+pyproject.toml (the one place the minimums are declared), one a line, torch first.
+`--stamp` prints instead a hash of what a lane installs from pyproject.toml (its dependencies
+and extras): a lane's venv is made again when that changes, not for any edit of the file."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import sys
 import tomllib
@@ -25,5 +29,14 @@ def floors(pyproject: Path = PYPROJECT) -> dict[str, str]:
     return {name: found[name] for name in TESTED}
 
 
+def stamp(pyproject: Path = PYPROJECT) -> str:
+    project = tomllib.loads(pyproject.read_text())["project"]
+    installed = [project["dependencies"], project.get("optional-dependencies", {})]
+    return hashlib.sha256(json.dumps(installed, sort_keys=True).encode()).hexdigest()
+
+
 if __name__ == "__main__":
-    print("\n".join(f"{name}=={version}" for name, version in floors().items()))
+    if sys.argv[1:] == ["--stamp"]:
+        print(stamp())
+    else:
+        print("\n".join(f"{name}=={version}" for name, version in floors().items()))

@@ -5,7 +5,7 @@
 #   scripts/lane.sh floor [pytest args]    exactly the minimums pyproject.toml declares for torch,
 #                                          ipython, ipywidgets, pandas and matplotlib
 # Each venv (.venv/lane-NAME) sees no site-packages but its own and is kept with a stamp (what
-# was asked for + the hash of pyproject.toml): the first run downloads about 3 GB from PyPI
+# was asked for + a hash of pyproject's dependency lists): the first run downloads about 3 GB from PyPI
 # (torch's CUDA build and its nvidia-* packages, 4-8 min), later runs only test.
 # Packages come from PyPI alone: this machine's pip configuration caps torch and serves a local
 # CPU wheel, which would hide the build and the releases a user's `pip install` gets.
@@ -33,7 +33,7 @@ esac
 
 venv=.venv/lane-$lane
 stamp=$venv/.singlecard-nb-installed
-want="${wanted[*]} $(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="${wanted[*]} $("$python" scripts/floors.py --stamp)"
 pypi() {
     env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT \
         PIP_CONFIG_FILE=/dev/null "$venv/bin/python" -m pip install -q "$@"

@@ -106,7 +106,9 @@ def _patch_selection(owner: Borrowed, device: torch.device, notices: Notices) ->
 
         owner.set_attr(acc, name, wrap_like(original, select), "torch.accelerator.set_device_index")
 
-    cls = acc.device_index
+    cls = getattr(acc, "device_index", None)  # the context manager came in torch 2.8
+    if cls is None:
+        return
     original_init = cls.__init__
 
     def __init__(self, requested: Any, /) -> None:
