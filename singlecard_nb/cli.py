@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"argument --device: {e}")
     finder = None
     if inspect:
-        from .inspection.discovery import Discovery
+        from .inspection.finding.discovery import Discovery
 
         try:
             finder = Discovery(**_inspect_options(options)).start()

@@ -27,7 +27,7 @@ __all__ = ["pin", "release", "current", "device", "status", "single_card", "unwr
            "TargetError", "gpus", "card", "fit"]
 
 _SINGLE_CARD = f"{__package__}.parallel.single_card"
-_NATIVE = f"{__package__}.inspection.native"  # inspection's one-read statistics kernel
+_NATIVE = f"{__package__}.inspection.kernel.native"  # inspection's one-read statistics kernel
 
 current = pinning.current
 device = pinning.device

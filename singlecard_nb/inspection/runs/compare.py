@@ -25,7 +25,7 @@ import html
 import os
 from typing import Any
 
-from .. import theme
+from ... import theme
 from .alignment import COMPARED, check_stats, ranks_of
 from .comparison import Comparison, Divergence, compare_frames
 
@@ -146,7 +146,7 @@ class RankComparison:
     def plot(self, stat: str | None = None):
         """The divergence plot of the rank that differs first (else the first pair)."""
         if not self.pairs:
-            from .plots import message_figure
+            from ..views.plots import message_figure
 
             return message_figure("one rank only: nothing to compare across ranks")
         rank = self.first.rank if self.first is not None else next(iter(self.pairs))

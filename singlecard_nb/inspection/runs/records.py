@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..job import place
+from ...job import place
 
 FORMAT = 1
 ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"

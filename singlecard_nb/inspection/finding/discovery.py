@@ -26,11 +26,11 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ..borrow import Borrowed
-from . import engine
-from .calls import calls_on_stack
-from .compile_watch import compile_listeners
-from .engine import Inspector
+from ...borrow import Borrowed
+from .. import engine
+from ..engine import Inspector
+from ..recording.calls import calls_on_stack
+from ..recording.compile_watch import compile_listeners
 from .model_rules import (
     COPY_CLASSES,
     call_kwargs,
