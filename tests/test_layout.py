@@ -1,6 +1,6 @@
 """The folder layout is the architecture: imports run one way, and no wing imports another.
 
-notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/, sizing/)  ->  borrow
+notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/, sizing/, ranks/)  ->  borrow
 Every import counts, also the ones inside functions (a lazy import is still a dependency).
 """
 
@@ -17,7 +17,7 @@ import pytest
 import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
-WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing")
+WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing", "ranks")
 GROUND_FLOOR = ("borrow", "capacity", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
 
 # The inspection wing's rooms, and the rooms each may import (its own always). `shared` is the

@@ -126,6 +126,12 @@ class Discovery:
             self._inspectors, self._known, self._names = {}, {}, Counter()
             self._arm()
 
+    def adopt(self, found: dict[str, Any]) -> None:
+        """Models recorded in other processes join `inspectors()` by name: each rank's models
+        of a `%run` under `%singlecard cpu --ranks N` (`GPT[rank 1]`, read from its file)."""
+        with self._lock:
+            self._inspectors.update(found)
+
     def flush(self) -> None:
         """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips
         the hook that puts the finder back when a model's call returns)."""

@@ -53,6 +53,19 @@ def as_frame(x: Any):
                     f"records; got {type(x).__name__}")
 
 
+def _last_ranks_run():
+    from ...job import last_ranks_run
+
+    last = last_ranks_run()
+    if last is None:
+        raise ValueError("compare_ranks() with no argument compares the ranks of the last "
+                         "`%run` under `%singlecard cpu --ranks N`, and none has run in this "
+                         "process; give an Inspector, a frame or a path of saved records.")
+    if isinstance(last, str):
+        raise ValueError(f"compare_ranks(): the last `%run` of ranks recorded nothing: {last}")
+    return last
+
+
 def compare(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
             atol: float = 1e-6) -> Comparison:
     """Align two runs tensor by tensor and find where they first differ.
@@ -186,12 +199,13 @@ def _root_inputs(frame):
     return frame[(frame["module"] == "") & (frame["io"] == "input")]
 
 
-def compare_ranks(x, stats=("mean", "std", "absmax"), rtol: float = 1e-6, atol: float = 0.0,
-                  inputs: bool | str = "auto") -> RankComparison:
+def compare_ranks(x=None, stats=("mean", "std", "absmax"), rtol: float = 1e-6,
+                  atol: float = 0.0, inputs: bool | str = "auto") -> RankComparison:
     """Which ranks of a job differ where DDP keeps them identical?
 
     x: an Inspector (in a job, a collective: every rank gathers all ranks' rows and gets the
-        same answer), a frame with several ranks, or a path / glob of saved records.
+        same answer), a frame with several ranks, or a path / glob of saved records; none: the
+        ranks of the last `%run` under `%singlecard cpu --ranks N` (docs/ranks.md).
     rtol, atol: tighter than compare()'s. DDP gives every rank the same all-reduced gradient and
         the same arithmetic, so its parameters agree bit for bit; 1e-6 leaves room only for
         nondeterministic GPU kernels, and finds a 0.1% update one rank made on its own.
@@ -202,6 +216,8 @@ def compare_ranks(x, stats=("mean", "std", "absmax"), rtol: float = 1e-6, atol: 
     """
     import pandas as pd
 
+    if x is None:
+        x = _last_ranks_run()
     if not isinstance(x, pd.DataFrame) and callable(getattr(x, "frame", None)):
         frame = x.frame(ranks="all")
     else:

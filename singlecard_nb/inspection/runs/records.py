@@ -215,6 +215,11 @@ class _NotRecords(ValueError):
     """A readable file that is not (or not yet) one `load` understands; the message names it."""
 
 
+def read_one(path: Path):
+    """(frame, meta) of one record file."""
+    return _read_one(path)
+
+
 def _read_one(path: Path):
 
     if not _is_sqlite(path):
