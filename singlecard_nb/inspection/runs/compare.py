@@ -90,7 +90,8 @@ class RankComparison:
     """Every rank of a job against the lowest rank, on what DDP keeps identical.
 
     first: the earliest `Divergence` (its `rank` says which rank differs), or None. ranks: the
-    ranks that differ from the reference rank. pairs: rank -> its `Comparison`.
+    ranks that differ from the reference rank. pairs: rank -> its `Comparison`. odd: the one
+    rank that parts from all the others (the reference itself when the rest agree), or None.
     """
 
     def __init__(self, frame, stats, rtol: float, atol: float, inputs: bool | str):
@@ -123,6 +124,29 @@ class RankComparison:
         if self.ranks:
             rank = min(self.ranks, key=lambda r: (self.pairs[r]._first_order, r))
             self.first = dataclasses.replace(self.pairs[rank].first, rank=rank)
+        self.odd = self._odd_one(frame, inputs)
+
+    def _odd_one(self, frame, inputs: bool | str) -> int | None:
+        """The one rank that parts from all the others (None: no such one, or two ranks,
+        where either could be it). Every rank but the reference differing from it, while those
+        agree among themselves, makes the reference the odd one."""
+        others = self.all_ranks[1:]
+        if len(self.all_ranks) < 3 or not self.ranks:
+            return None
+        if len(self.ranks) == 1:
+            return self.ranks[0]
+        if set(self.ranks) != set(others):
+            return None
+        notes, self.notes = self.notes, []  # said once already, for the reference's pairs
+        try:
+            second = frame[frame["rank"] == others[0]]
+            for rank in others[1:]:
+                a, b = self._expected_equal(second, frame[frame["rank"] == rank], rank, inputs)
+                if compare_frames(a, b, self.stats, self.rtol, self.atol).first is not None:
+                    return None
+        finally:
+            self.notes = notes
+        return self.reference
 
     def _expected_equal(self, reference, other, rank: int, inputs: bool | str):
         """The rows DDP keeps equal: state rows always; the rest of a step when the model's
@@ -174,7 +198,12 @@ class RankComparison:
         others = ", ".join(str(r) for r in self.ranks)
         who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
         first = dataclasses.replace(self.first, rank=None)
-        return (f"{who} from rank {self.reference}; first divergence, on rank "
+        odd = ""
+        if self.odd is not None:
+            rest = [r for r in self.all_ranks if r != self.odd]
+            odd = (f"rank {self.odd} is the odd one (ranks {', '.join(map(str, rest))} agree "
+                   "with each other): ")
+        return (f"{odd}{who} from rank {self.reference}; first divergence, on rank "
                 f"{self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
