@@ -211,3 +211,68 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         RankJob(ranks, str(tmp_path), echo=echo).run()
     _nothing_left([ranks])
+
+
+def _torchrun(ranks: int, *command: str) -> list[str]:
+    import sys
+
+    # --tee 3: each line prefixed with its rank ("[default1]:"), as ours are ("[rank 1] ")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--tee", "3",
+            f"--nproc_per_node={ranks}", *command]
+
+
+def _losses(text: str, prefix: str, pattern: str) -> dict[int, list[str]]:
+    """Each rank's loss figures, in order."""
+    found: dict[int, list[str]] = {}
+    for rank, loss in re.findall(prefix + pattern, text):
+        found.setdefault(int(rank), []).append(loss)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, ranks, args, pattern, reference", [
+    # nanoGPT-shaped, gloo on the CPU: plain torchrun runs it as written
+    ("train.py", 2, ["--max_iters=3"], r"iter \d: loss ([\d.]+)", "plain"),
+    # the DDP tutorial is written for GPUs (set_device, nccl): torchrun starts the same rank
+    # command a %run starts (python -m singlecard_nb --device cpu --ranks-dir), so what is
+    # compared is torchrun's launching against ours
+    ("multigpu_torchrun.py", 4, ["1", "1", "--batch_size", "256"],
+     r"\[GPU\d\] Epoch \d .* loss ([\d.]+)", "child"),
+], ids=["nanogpt-2-ranks", "ddp-tutorial-4-ranks"])
+def test_losses_are_torchruns(ip, launched, tmp_path, capsys, script, ranks, args, pattern,
+                              reference):
+    import subprocess
+
+    path = ROOT / "notebooks" / "scripts" / script
+    ours_args, theirs_args = args, args
+    if script == "multigpu_torchrun.py":  # each its own snapshot: a snapshot is resumed from
+        ours_args = [*args, "--snapshot_path", str(tmp_path / "ours.pt")]
+        theirs_args = [*args, "--snapshot_path", str(tmp_path / "theirs.pt")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    env["PYTHONPATH"] = str(ROOT)
+    command = ([str(path), *theirs_args] if reference == "plain" else
+               ["-m", "singlecard_nb", "--device", "cpu", "--ranks-dir", str(tmp_path),
+                str(path), *theirs_args])
+    theirs = subprocess.Popen(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ip.run_cell(f"%singlecard cpu --ranks {ranks}")
+    result = ip.run_cell(f"%run {path} {' '.join(ours_args)}")
+    out = capsys.readouterr().out
+    text, _ = theirs.communicate(timeout=240)
+    assert result.error_in_exec is None and theirs.returncode == 0, text[-2000:]
+    ours = _losses(out, r"\[rank (\d)\] ", pattern)
+    assert sorted(ours) == list(range(ranks)) and all(ours.values()), out
+    assert ours == _losses(text, r"\[default(\d)\]:", pattern)
+    _nothing_left(launched)
+
+
+@pytest.mark.gpu
+def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
+    ip.run_cell("%singlecard 0 --ranks 2")
+    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_desync.py'} 2")
+    assert result.error_in_exec is None
+    captured = capsys.readouterr()
+    assert "the 2 ranks share one GPU (NCCL refuses two ranks on one card)" in captured.err
+    losses = [re.search(rf"\[rank {k}\] val loss ([\d.]+)", captured.out) for k in range(2)]
+    assert all(losses) and losses[0][1] != losses[1][1], captured.out
+    _nothing_left(launched)
