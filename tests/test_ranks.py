@@ -22,11 +22,12 @@ from singlecard_nb.ranks.run import RankJob
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).with_name("scripts")
+JOBS = ROOT / "notebooks" / "scripts"  # the jobs the notebook runs too
 FOUR_GPUS = Path(__file__).with_name("machines") / "four_gpus.json"
 
 
 def _line(script: str, marker: str) -> int:
-    lines = (SCRIPTS / script).read_text().splitlines()
+    lines = (JOBS / script if (JOBS / script).exists() else SCRIPTS / script).read_text().splitlines()
     return next(i for i, text in enumerate(lines, 1) if marker in text)
 
 
@@ -154,7 +155,7 @@ def test_a_rank_0_only_parameter_change_is_found_by_compare_ranks(ip, launched, 
 
     ip.run_cell("%singlecard cpu --ranks 3")
     ip.run_cell("%inspect all --params")
-    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_desync.py'} 2")
+    result = ip.run_cell(f"%run {JOBS / 'ranks_desync.py'} 2")
     assert result.error_in_exec is None
     out = capsys.readouterr().out
     losses = {k: re.search(rf"\[rank {k}\] val loss ([\d.]+)", out) for k in range(3)}
@@ -172,7 +173,7 @@ def test_a_rank_0_only_parameter_change_is_found_by_compare_ranks(ip, launched, 
 def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
     ip.run_cell("%singlecard cpu --ranks 3 --hang-after 3")
     started = time.monotonic()
-    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_hang.py'}")
+    result = ip.run_cell(f"%run {JOBS / 'ranks_hang.py'}")
     assert isinstance(result.error_in_exec, RanksHang)
     message = str(result.error_in_exec)
     line = _line("ranks_hang.py", "HANG_LINE")
@@ -269,7 +270,7 @@ def test_losses_are_torchruns(ip, launched, tmp_path, capsys, script, ranks, arg
 @pytest.mark.gpu
 def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
     ip.run_cell("%singlecard 0 --ranks 2")
-    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_desync.py'} 2")
+    result = ip.run_cell(f"%run {JOBS / 'ranks_desync.py'} 2")
     assert result.error_in_exec is None
     captured = capsys.readouterr()
     assert "the 2 ranks share one GPU (NCCL refuses two ranks on one card)" in captured.err
