@@ -15,7 +15,6 @@ import functools
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +118,7 @@ def _program(line: str) -> list[str]:
             raise UsageError("%run -m: give the module to run.")
         return words
     if words[0].startswith("-"):
-        raise UsageError(f"%run {words[0]} under --ranks {'N'}: the ranks are processes of "
+        raise UsageError(f"%run {words[0]} under --ranks: the ranks are processes of "
                          "their own, so %run's options for this process (-i, -d, -t, -p, -e, "
                          "-n) do not apply; accepted: `%run script.py args` or `%run -m "
                          "module args`, or `%singlecard cpu --ranks 1` first.")
@@ -240,8 +239,3 @@ class _Text:
 
     def __repr__(self) -> str:
         return self.text
-
-
-def _say(text: str) -> None:
-    if text:
-        print(text, file=sys.stdout)
