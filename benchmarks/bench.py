@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import singlecard_nb
-    from singlecard_nb.inspection import native
+    from singlecard_nb.inspection.kernel import native
 
     engine: Callable = singlecard_nb.inspect
     engine_note = f"singlecard_nb.inspect (singlecard_nb {singlecard_nb.__version__})"

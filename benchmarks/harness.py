@@ -417,7 +417,7 @@ _RAW_ROW = (ctypes.c_double * 8)()
 def one_pass(t: torch.Tensor) -> Any:
     """The one-pass kernel call inspect makes for a CPU tensor (all statistics, written as one
     RAW row); raises KeyError when the kernel is not built (no C compiler)."""
-    from singlecard_nb.inspection import native
+    from singlecard_nb.inspection.kernel import native
 
     native.kernels()[t.dtype](t.data_ptr(), t.numel(), False, ctypes.addressof(_RAW_ROW))
 
@@ -695,7 +695,7 @@ def statistics_alone(names: Sequence[str], quick: bool) -> dict[str, dict[str, f
     """Per model: seconds to take the statistics of all outputs of one forward, without hooks
     or forward: the floor (one sum each), inspect's statistics (StepStats with the kernel), and
     the same with torch reductions only (before the kernel is built, or without a compiler)."""
-    from singlecard_nb.inspection.stats import StepStats
+    from singlecard_nb.inspection.kernel.stats import StepStats
 
     def engine(outputs, kernels):
         step = StepStats(kernels=kernels)

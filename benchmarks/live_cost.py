@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import GPT  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import live  # noqa: E402
+from singlecard_nb.inspection.views import live  # noqa: E402
 
 # One thread: on a shared 2-core runner, two threads per process mostly wait on each other.
 torch.set_num_threads(1)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import models as bench_models  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import native  # noqa: E402
+from singlecard_nb.inspection.kernel import native  # noqa: E402
 
 MODELS = ("resnet", "transformer", "gpt", "vgg", "mlp5000")
 

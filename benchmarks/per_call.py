@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import native
+from singlecard_nb.inspection.kernel import native
 
 CALLS = 5000
 ROUNDS = 5

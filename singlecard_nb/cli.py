@@ -21,11 +21,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .job import launched_world_size, rank
+
 PROG = "python -m singlecard_nb"
 # Our options that take a value: everything up to the script (or -m MODULE) is ours.
-_VALUED = {"--device", "--every", "--save", "--include", "--exclude", "--max-rows", "-m"}
+_VALUED = {"--device", "--every", "--save", "--include", "--exclude", "--max-rows", "-m",
+           "--ranks-dir"}
 # Options that mean "inspect": each one turns --inspect on
-_OWN = ("device", "inspect", "save", "module")  # the rest are inspect()'s, by their names
+_OWN = ("device", "inspect", "save", "module", "ranks_dir")  # the rest are inspect()'s, by their names
 _INSPECT_OPTIONS = ("grads", "params", "trap", "memory", "every", "save", "include",
                     "exclude", "max_rows")
 
@@ -67,6 +70,10 @@ def parser() -> argparse.ArgumentParser:
                    help="write the records at exit (per rank in a job: PATH.rank<N>.db; "
                         "several models: one file each, PATH.<Model>.db)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
+    p.add_argument("--ranks-dir", metavar="DIR",
+                   help="this process is a rank of `%%singlecard cpu --ranks N` (torchrun's "
+                        "variables set): it joins the real world of N on --device, says where "
+                        "it stands in DIR/rank<k>.json and saves its records there as it goes")
     return p
 
 
@@ -99,29 +106,40 @@ def main(argv: list[str] | None = None) -> int:
     if script is not None and not Path(script).is_file():
         p.error(f"can't open file {script!r}: no such file")
     inspect = options.inspect or any(getattr(options, name) for name in _INSPECT_OPTIONS)
+    agent = None
+    if options.ranks_dir is not None:
+        from .ranks.agent import Agent
+
+        agent = Agent(options.ranks_dir, rank()).start()
     if options.device is not None:
         from . import session
 
         try:
-            session.pin(options.device)
+            session.pin(options.device, world=launched_world_size() if agent else 1)
         except ValueError as e:  # TargetError, a broken machine file: nothing has run
             p.error(f"argument --device: {e}")
     finder = None
     if inspect:
-        from .inspection.discovery import Discovery
+        from .inspection.finding.discovery import Discovery
 
         try:
             finder = Discovery(**_inspect_options(options)).start()
         except (TypeError, ValueError) as e:
             p.error(str(e))
+        if agent is not None and options.save:
+            agent.every_beat(_saving_as_it_goes(finder, options.save))
+    status = 1
     try:
-        return _run(script, options.module, rest)
+        status = _run(script, options.module, rest, agent)
+        return status
     finally:
+        if agent is not None:
+            agent.stop(status)
         try:
             if finder is not None:
                 finder.stop()
                 if options.save:
-                    _save(finder, options.save)
+                    _save(finder, options.save, quiet=agent is not None)
         finally:
             if options.device is not None:  # given back, as everything borrowed is
                 from . import session
@@ -135,7 +153,7 @@ def _inspect_options(options: argparse.Namespace) -> dict[str, Any]:
             if key not in _OWN and value is not None}  # not given: inspect()'s default
 
 
-def _run(script: str | None, module: str | None, args: list[str]) -> int:
+def _run(script: str | None, module: str | None, args: list[str], agent: Any = None) -> int:
     """Run the script as python would; its exit status (1 after an error, with explanation)."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
@@ -155,6 +173,8 @@ def _run(script: str | None, module: str | None, args: list[str]) -> int:
         traceback.print_exc()
         return 130
     except Exception as e:
+        if agent is not None:
+            agent.raised(e)  # before the traceback: the first rank to fail is the one to show
         traceback.print_exc()
         _explain(e)
         return 1
@@ -186,9 +206,28 @@ def _explain(error: Exception) -> None:
         print(f"\n{explanation!r}", file=sys.stderr)
 
 
-def _save(finder: Any, path: str) -> None:
+def _saving_as_it_goes(finder: Any, path: str, seconds: float = 1.0) -> Any:
+    """A rank's records saved every `seconds` while the script runs (a rank stopped because
+    another failed or hung has no exit to save at); returns {"records": {model: steps}}."""
+    import time
+
+    last = [0.0]
+
+    def save() -> dict[str, Any]:
+        found = finder.inspectors
+        if found and time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            _save(finder, path, quiet=True)
+        return {"records": {name: insp.steps_recorded for name, insp in found.items()}}
+
+    return save
+
+
+def _save(finder: Any, path: str, quiet: bool = False) -> None:
     """Each model's records: PATH for one model, PATH.<Model>.db (suffix kept) for several."""
-    found = finder.inspectors
+    found = dict(finder.inspectors)
+    if quiet and not found:
+        return
     if not found:
         print(f"singlecard_nb: no model was called, so nothing was saved to {path}.",
               file=sys.stderr)
@@ -202,5 +241,6 @@ def _save(finder: Any, path: str) -> None:
         except OSError as e:
             print(f"singlecard_nb: {e}", file=sys.stderr)
             continue
-        print(f"singlecard_nb: {name}: {insp.steps_recorded} steps recorded, saved to "
-              f"{written}", file=sys.stderr)
+        if not quiet:
+            print(f"singlecard_nb: {name}: {insp.steps_recorded} steps recorded, saved to "
+                  f"{written}", file=sys.stderr)

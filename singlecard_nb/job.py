@@ -38,3 +38,19 @@ def launched_world_size(environ: Any = None) -> int:
 def rank() -> int:
     """This process's rank (0 outside a job)."""
     return place()[0]
+
+
+# The records of the last `%run` of N ranks (a frame of every rank's rows), for
+# `compare_ranks()` with no argument; or the sentence saying why there are none.
+_last_ranks_run: Any = None
+
+
+def remember_ranks_run(records: Any) -> None:
+    """What the last run of N ranks recorded: a frame of all its ranks, or a str (why none)."""
+    global _last_ranks_run
+    _last_ranks_run = records
+
+
+def last_ranks_run() -> Any:
+    """The last run of N ranks' records (None: no such run in this process)."""
+    return _last_ranks_run

@@ -27,7 +27,7 @@ __all__ = ["pin", "release", "current", "device", "status", "single_card", "unwr
            "TargetError", "gpus", "card", "fit"]
 
 _SINGLE_CARD = f"{__package__}.parallel.single_card"
-_NATIVE = f"{__package__}.inspection.native"  # inspection's one-read statistics kernel
+_NATIVE = f"{__package__}.inspection.kernel.native"  # inspection's one-read statistics kernel
 
 current = pinning.current
 device = pinning.device
@@ -58,6 +58,7 @@ def pin(
     environ: MutableMapping[str, str] | None = None,
     machine: Machine | None = None,
     driver: DriverState | None = None,
+    world: int = 1,
 ) -> PinState:
     """Pin this process to one device; raises `TargetError` on bad input, changing nothing.
 
@@ -66,6 +67,8 @@ def pin(
     single_card: run DataParallel/DDP code single-card on this device.
     force: allow a GPU outside the kernel's allocation (its CUDA_VISIBLE_DEVICES before the pin).
     environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
+    world: N when this process is one of N ranks that share the device (a rank child of
+        `%singlecard cpu --ranks N`): process groups are then the real world of N.
     """
     global _single_card_pin
     state = pinning.pin(target, set_default=set_default, force=force, environ=environ,
@@ -74,7 +77,7 @@ def pin(
     committed = False
     try:
         if single_card:
-            _parallel().enable(state.torch_device)  # switches device if it was on already
+            _parallel().enable(state.torch_device, world=world)  # switches device if it was on already
         elif _SINGLE_CARD in sys.modules:
             _parallel().disable()
         committed = True

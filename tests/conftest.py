@@ -180,6 +180,6 @@ def statistics_kernel_built():
     kernel, built once here, so no test's figures depend on whether a background build happened
     to finish. Tests of the torch reductions pass `kernels={}`; build behaviour is tested in
     fresh processes (test_inspection_stats.py)."""
-    from singlecard_nb.inspection import native
+    from singlecard_nb.inspection.kernel import native
 
     native.wait(120)

@@ -296,7 +296,7 @@ def test_save_and_load_round_trip_every_column_exactly(tmp_path):
 
 
 def test_a_column_the_frame_gains_later_is_saved_too(tmp_path):
-    from singlecard_nb.inspection import records
+    from singlecard_nb.inspection.runs import records
 
     frame = train(mlp(), steps=1).frame()
     frame["training"] = True

@@ -15,8 +15,8 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import alignment, compare, comparison, hist_plots, plots  # noqa: E402
-from singlecard_nb.inspection.alignment import (  # noqa: E402
+from singlecard_nb.inspection.runs import alignment, compare, comparison  # noqa: E402
+from singlecard_nb.inspection.runs.alignment import (  # noqa: E402
     COMPARED,
     ONLY_IN_A,
     ONLY_IN_B,
@@ -25,7 +25,8 @@ from singlecard_nb.inspection.alignment import (  # noqa: E402
     STATUSES,
     align,
 )
-from singlecard_nb.inspection.comparison import Comparison  # noqa: E402
+from singlecard_nb.inspection.runs.comparison import Comparison  # noqa: E402
+from singlecard_nb.inspection.views import histograms, plots  # noqa: E402
 
 
 def records(rows: list[tuple], rank: int | None = None) -> pd.DataFrame:
@@ -93,7 +94,7 @@ def test_every_figure_is_made_by_the_one_helper(monkeypatch):
         def frame(self):
             return records([(0, "fc", "output", 0.0, (4,))]).assign(nan=0, inf=0)
 
-    assert isinstance(hist_plots.histograms(Recorded()), Figure)
+    assert isinstance(histograms.histograms(Recorded()), Figure)
     assert isinstance(plots.heatmap(Recorded()), Figure)  # nothing recorded: a message figure
     assert len(made) == 5 and made[3][:2] == (4.5, 2.6)  # the histograms: one module, one step
     for module in (compare, comparison, alignment):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from singlecard_nb.inspection import native, stats
+from singlecard_nb.inspection.kernel import native, stats
 
 KERNEL_DIR = Path(native.__file__).parent
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import attach
+from singlecard_nb.inspection.recording import attach
 
 
 class _Watching(OrderedDict):

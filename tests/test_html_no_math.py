@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import live
+from singlecard_nb.inspection.views import live
 from singlecard_nb.notebook import picker_view, watch
 from singlecard_nb.pinning import devices
 
@@ -88,15 +88,15 @@ CASES = {
     "pinning.report:Status": lambda runs, mp: (mp.setenv("CUDA_VISIBLE_DEVICES", "$SLURM_GPUS"),
                                                scn.status())[1],
     "pinning.model:Machine": lambda runs, mp: machine(),
-    "inspection.comparison:Comparison": lambda runs, mp: scn.compare(*runs),
-    "inspection.compare:RankComparison": lambda runs, mp: scn.compare_ranks(
+    "inspection.runs.comparison:Comparison": lambda runs, mp: scn.compare(*runs),
+    "inspection.runs.compare:RankComparison": lambda runs, mp: scn.compare_ranks(
         __import__("pandas").concat([runs[0].frame().assign(rank=0),
                                      runs[1].frame().assign(rank=1)]), inputs=True),
-    "inspection.summary:Summary": lambda runs, mp: runs[0].summary(),
+    "inspection.views.summary:Summary": lambda runs, mp: runs[0].summary(),
     "inspection.engine:Inspector": lambda runs, mp: runs[0],
     "diagnosis.explain:Explanation": lambda runs, mp: explanation(),
     "diagnosis.explain:Banner": lambda runs, mp: explanation().banner(),
-    "inspection.memory_view:MemoryTable": lambda runs, mp: memory_table(),
+    "inspection.memory.table:MemoryTable": lambda runs, mp: memory_table(),
     "sizing.plan:Plan": lambda runs, mp: scn.fit(model(), torch.randn(3, 4)),
     "notebook.watch:CellMemory": lambda runs, mp: watch.CellMemory(
         "cpu", "RSS", 1, 1, 1, True, 0.1, note="$PATH"),

@@ -185,7 +185,7 @@ def test_after_reset_a_model_of_the_last_run_called_again_is_found_again():
 
 
 def test_a_new_module_per_step_stops_being_inspected_past_the_bound(monkeypatch):
-    from singlecard_nb.inspection import discovery
+    from singlecard_nb.inspection.finding import discovery
 
     monkeypatch.setattr(discovery, "MAX_MODELS", 3)
     with scn.inspect_all() as finder, pytest.warns(UserWarning, match="more than 3 models"):

@@ -20,8 +20,8 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import stats
 from singlecard_nb.inspection.engine import COLUMNS
+from singlecard_nb.inspection.kernel import stats
 
 
 def hooks_left(model: nn.Module) -> int:
@@ -228,7 +228,7 @@ nested = st.recursive(
 
 
 def _tensors(obj):
-    from singlecard_nb.inspection.structures import walk_tensors
+    from singlecard_nb.inspection.recording.structures import walk_tensors
 
     return [t for _, t in walk_tensors(obj)]
 

@@ -15,7 +15,7 @@ from torch.nn.modules import module as module_globals
 from torch.utils.checkpoint import checkpoint
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import native
+from singlecard_nb.inspection.kernel import native
 
 
 def mlp():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import native, stats
+from singlecard_nb.inspection.kernel import native, stats
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ LARGE_STEPS = textwrap.dedent("""
     import json, time, warnings, torch
     from torch import nn
     import singlecard_nb as scn
-    from singlecard_nb.inspection import native
+    from singlecard_nb.inspection.kernel import native
     torch.manual_seed(0)
     x = torch.randn(64, 4096) * 2 + 1
     model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU())

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import native
-from singlecard_nb.inspection.stats import StepStats
+from singlecard_nb.inspection.kernel import native
+from singlecard_nb.inspection.kernel.stats import StepStats
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -80,7 +80,7 @@ def test_a_zero_tensor_output_is_recorded_without_reading_memory():
         "import torch, warnings\n"
         "from torch import nn\n"
         "import singlecard_nb as scn\n"
-        "from singlecard_nb.inspection import native\n"
+        "from singlecard_nb.inspection.kernel import native\n"
         "assert native.wait(180), native.status()\n"
         "class Zeros(nn.Module):\n"
         "    def forward(self, x):\n"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from singlecard_nb.inspection import kernel_build, native
+from singlecard_nb.inspection.kernel import build, native
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ("import json, sys\n"
-         "from singlecard_nb.inspection import native\n"
+         "from singlecard_nb.inspection.kernel import native\n"
          "ok = native.wait(240)\n"
          "print(json.dumps({'ok': ok, 'status': native.status()}))\n")
 
@@ -87,7 +87,7 @@ def test_a_compiler_that_hangs_is_stopped_with_its_children(tmp_path):
     hanging.chmod(0o755)
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        kernel_build.run_compiler([str(hanging)], timeout=1)
+        build.run_compiler([str(hanging)], timeout=1)
     assert time.monotonic() - began < 30
     child = int(pids.read_text().split()[0])
     for _ in range(50):
@@ -113,24 +113,24 @@ MAPS = """\
 
 
 def test_the_openmp_library_is_torchs_own_even_when_renamed():
-    assert kernel_build.torch_openmp(MAPS, "/venv/lib/torch") == "/venv/lib/torch/lib/libgomp-a34b3233.so.1"
+    assert build.torch_openmp(MAPS, "/venv/lib/torch") == "/venv/lib/torch/lib/libgomp-a34b3233.so.1"
 
 
 def test_without_torchs_own_libgomp_one_loaded_libgomp_is_used_and_two_are_not():
     system_only = MAPS.splitlines()[0] + "\n"
-    assert kernel_build.torch_openmp(system_only, "/venv/lib/torch").endswith("libgomp.so.1.0.0")
+    assert build.torch_openmp(system_only, "/venv/lib/torch").endswith("libgomp.so.1.0.0")
     two_elsewhere = system_only + "7f08-7f09 r-xp 0 08:01 4 /opt/other/libgomp.so.1\n"
-    assert kernel_build.torch_openmp(two_elsewhere, "/venv/lib/torch") is None
-    assert kernel_build.torch_openmp("7f06-7f07 rw-p 00000000 00:00 0 [heap]\n", "/t") is None
+    assert build.torch_openmp(two_elsewhere, "/venv/lib/torch") is None
+    assert build.torch_openmp("7f06-7f07 rw-p 00000000 00:00 0 [heap]\n", "/t") is None
 
 
 def test_the_built_kernel_links_the_openmp_library_torch_runs_on():
     if not native.wait(240):
         pytest.skip(f"no kernel here: {native.status()}")
-    library = kernel_build.torch_openmp_library()
+    library = build.torch_openmp_library()
     if library is None:
         pytest.skip("torch here does not run on GNU OpenMP")
-    built = sorted(kernel_build.cache_dir().glob("onepass-*.so"))
+    built = sorted(build.cache_dir().glob("onepass-*.so"))
     assert built
     ldd = subprocess.run(["ldd", str(built[0])], capture_output=True, text=True).stdout
     gomp = [line for line in ldd.splitlines() if "gomp" in line]

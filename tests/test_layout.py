@@ -1,6 +1,6 @@
 """The folder layout is the architecture: imports run one way, and no wing imports another.
 
-notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/, sizing/)  ->  borrow
+notebook/, cli  ->  session  ->  wings (pinning/, parallel/, inspection/, diagnosis/, sizing/, ranks/)  ->  borrow
 Every import counts, also the ones inside functions (a lazy import is still a dependency).
 """
 
@@ -17,8 +17,24 @@ import pytest
 import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
-WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing")
+WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing", "ranks")
 GROUND_FLOOR = ("borrow", "capacity", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
+
+# The inspection wing's rooms, and the rooms each may import (its own always). `shared` is the
+# wing's own floor (options, targets, diagnostics: what every room speaks of); `engine` is the
+# facade that ties the rooms; `finding` (inspect_all) builds inspectors, so it sits above it.
+INSPECTION_SHARED = ("options", "targets", "diagnostics")
+INSPECTION_ROOMS = {
+    "finding": {"engine", "recording", "shared"},
+    "engine": {"recording", "kernel", "memory", "views", "runs", "shared"},
+    "recording": {"kernel", "memory", "shared"},
+    "memory": {"shared"},
+    "views": {"shared"},  # works from recorded rows, never from the recording machinery
+    "runs": {"views", "shared"},  # frames and record files only: nothing of a live recording
+    "kernel": set(),
+    "shared": set(),
+    "face": set(),  # inspection/__init__.py
+}
 
 
 def _module_name(path: Path) -> str:
@@ -96,6 +112,50 @@ def test_imports_run_one_way_and_no_wing_imports_another():
             elif other_layer > layer:
                 bad.append(f"{module} (layer {layer}) imports {other} (layer {other_layer})")
     assert not bad, "\n".join(bad)
+
+
+def _inspection_room(module: str) -> str:
+    parts = module.split(".")[2:]
+    if not parts:
+        return "face"
+    if parts[0] in INSPECTION_SHARED:
+        return "shared"
+    if parts[0] in INSPECTION_ROOMS:
+        return parts[0]
+    raise AssertionError(f"{module} is in no room of inspection/; add it to INSPECTION_ROOMS")
+
+
+def test_the_inspection_rooms_import_one_way():
+    bad = []
+    for module, imported in _graph().items():
+        if not module.startswith("singlecard_nb.inspection"):
+            continue
+        room = _inspection_room(module)
+        for other in imported:
+            if not other.startswith("singlecard_nb.inspection"):
+                continue
+            other_room = _inspection_room(other)
+            if other_room != room and other_room not in INSPECTION_ROOMS[room]:
+                bad.append(f"inspection room {room} ({module}) imports {other_room} ({other})")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_inspection_module_is_in_a_room():
+    rooms = {_inspection_room(m) for m in _graph() if m.startswith("singlecard_nb.inspection")}
+    assert rooms == set(INSPECTION_ROOMS)
+
+
+def test_the_checker_sees_a_view_importing_the_recording(tmp_path, monkeypatch):
+    fake = tmp_path / "singlecard_nb"
+    for room in ("inspection/views", "inspection/recording"):
+        (fake / room).mkdir(parents=True)
+        (fake / room / "__init__.py").write_text("")
+    for path in ("__init__.py", "inspection/__init__.py", "inspection/recording/store.py"):
+        (fake / path).write_text("")
+    (fake / "inspection" / "views" / "live.py").write_text("from ..recording import store\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    with pytest.raises(AssertionError, match="room views .* imports recording"):
+        test_the_inspection_rooms_import_one_way()
 
 
 def test_the_ground_floor_imports_nothing_of_ours():

@@ -87,3 +87,19 @@ def test_memory_notebook_plans_explains_the_oom_and_shows_the_fixed_run():
     # the fixed run fits, and insp.memory() shows what each module holds
     assert "the step fit" in text
     assert "singlecard_nb memory (step" in plain and "optimizer" in plain
+
+
+def test_ranks_notebook_finds_the_desync_and_the_hang():
+    report = _run("ranks_on_one_card.ipynb")
+    assert report.errors == [], str(report)
+    text = "".join(o.get("text", "") for _, o in _outputs(report.nb))
+    plain = text + "".join("".join(o["data"].get("text/plain", ""))
+                           for _, o in _outputs(report.nb) if "data" in o)
+    assert all(f"[rank {k}] val loss" in text for k in range(3))
+    assert "'Sequential[rank 0]', 'Sequential[rank 1]', 'Sequential[rank 2]'" in plain
+    assert "rank 0 is the odd one (ranks 1, 2 agree with each other)" in plain
+    # the hang: stopped, with the line of the extra all_reduce and the ranks that never came
+    assert [e.split(": ", 1)[1].split(" s,")[0] for e in report.expected_errors] == [
+        "RanksHang: no rank made progress for 5"]
+    assert "rank 0: waits in all_reduce at ranks_hang.py:20" in report.expected_errors[0]
+    assert "ranks 1, 2 never arrived at the all_reduce" in report.expected_errors[0]

@@ -55,8 +55,8 @@ def wheel(source, tmp_path_factory) -> Path:
 def test_the_wheel_holds_the_package_its_c_sources_and_the_license(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("singlecard_nb/__init__.py", "singlecard_nb/py.typed",
-                   "singlecard_nb/inspection/onepass.c",
-                   "singlecard_nb/inspection/onepass_module.c"):
+                   "singlecard_nb/inspection/kernel/onepass.c",
+                   "singlecard_nb/inspection/kernel/onepass_module.c"):
         assert needed in names, needed
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert not any(n.startswith("tests/") for n in names)
@@ -87,7 +87,7 @@ def test_the_installed_wheel_loads_inspects_and_builds_its_kernel(wheel, tmp_pat
         result = ip.run_cell('''
         import torch
         import singlecard_nb as scn
-        from singlecard_nb.inspection import native
+        from singlecard_nb.inspection.kernel import native
 
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
         with scn.inspect(model) as insp:
@@ -124,7 +124,7 @@ def test_the_sdist_carries_what_its_tests_need(source, tmp_path):
                    "tests/parallel_support.py", "tests/browser_machine.json",
                    "tests/machines/four_gpus.json", "notebooks/quickstart.ipynb",
                    "benchmarks/bench.py", "scripts/run_notebook.py",
-                   "singlecard_nb/inspection/onepass.c"):
+                   "singlecard_nb/inspection/kernel/onepass.c"):
         assert (unpacked / needed).is_file(), needed
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                                 "-p", "no:cacheprovider"], cwd=unpacked, capture_output=True,

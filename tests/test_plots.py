@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import nn  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection import hist_plots, plots  # noqa: E402
+from singlecard_nb.inspection.views import histograms, plots  # noqa: E402
 
 
 class Skipper(nn.Module):
@@ -97,13 +97,13 @@ def test_histograms_per_module_merge_bins_exactly_and_name_what_is_missing():
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["first", "per step", "extra", "per step"]  # each: latest, then per step
     counts, _ = insp.histograms()["first"]
-    coarse = hist_plots.histograms(insp, modules=["fir*"], bins=16)
+    coarse = histograms.histograms(insp, modules=["fir*"], bins=16)
     (bars,) = [p for p in coarse.axes[0].patches]
     assert len(bars.get_path().vertices) > 0
-    merged, edges = hist_plots._rebin(counts, np.linspace(0, 1, 65), 16)
+    merged, edges = histograms._rebin(counts, np.linspace(0, 1, 65), 16)
     assert len(merged) == 16 and merged.sum() == counts.sum() and len(edges) == 17
     with pytest.raises(ValueError, match="modules with histograms: 'first', 'extra'"):
-        hist_plots.histograms(insp, modules=["decoder.*"])
+        histograms.histograms(insp, modules=["decoder.*"])
 
 
 def test_histograms_without_any_requested_say_how_to_ask():

@@ -12,7 +12,7 @@ from gpt_like import GPT, exploding_steps
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import formatting, live, ranking
+from singlecard_nb.inspection.views import formatting, live, ranking
 
 
 def _first_paths(text: str, n: int) -> list[str]:

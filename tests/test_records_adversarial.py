@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection import records
+from singlecard_nb.inspection.runs import records
 
 
 def _recorded(scale: float = 1.0):

@@ -15,7 +15,7 @@ from torch import nn
 
 import singlecard_nb as scn
 from singlecard_nb import borrow, session
-from singlecard_nb.inspection import live
+from singlecard_nb.inspection.views import live
 from singlecard_nb.notebook import picker
 from singlecard_nb.pinning import devices, pinning
 

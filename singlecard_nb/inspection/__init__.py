@@ -1,3 +1,3 @@
-"""The inspection wing: hooks that record shapes and statistics per module (`engine`), the
-on-device reductions (`stats`), and views of what was recorded (`plots`, `live`). Imports
-nothing from the other wings."""
+"""The inspection wing: `engine` (the Inspector, the facade) with its `options`, `targets` and
+`diagnostics`, over rooms of its own: `recording/`, `kernel/`, `memory/`, `views/`, `runs/`, and
+`finding/` (inspect_all) above the engine. Imports nothing from the other wings."""

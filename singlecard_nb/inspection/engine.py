@@ -22,17 +22,17 @@ from typing import Any
 
 from torch import nn
 
-from .attach import Attachment
-from .calls import CallTracker
-from .compile_watch import compile_listeners
 from .diagnostics import Diagnostics
-from .memory_view import MemoryWatch
+from .kernel.stats import VALUES
+from .memory.table import MemoryWatch
 from .options import Kept, check_arguments, check_memory
-from .recorder import Recorder
-from .stats import VALUES
-from .store import COLUMNS, DEFAULT_MAX_ROWS, Store, to_frame
-from .summary import Summary
+from .recording.attach import Attachment
+from .recording.calls import CallTracker
+from .recording.compile_watch import compile_listeners
+from .recording.recorder import Recorder
+from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, Store, to_frame
 from .targets import globs, select_targets, track_histograms
+from .views.summary import Summary
 
 __all__ = ["COLUMNS", "Inspector", "inspect", "inspector"]
 
@@ -190,7 +190,7 @@ class Inspector:
             job, gathered on its process group (a collective: call it on every rank). Outside a
             multi-process job both give this process's rows.
         """
-        from .records import gather
+        from .runs.records import gather
 
         self._recorder.flush()
         return gather(to_frame(self._store.snapshot()), ranks)
@@ -202,7 +202,7 @@ class Inspector:
         `run.rank<N>.db` (or put `{rank}` in the path, or give a directory). Read them back,
         all ranks merged, with `singlecard_nb.load(path)`.
         """
-        from .records import save
+        from .runs.records import save
 
         return save(self.frame(), path, meta={
             "model": self._model_name, "every": self.every, "grads": self.grads,
@@ -273,7 +273,7 @@ class Inspector:
 
     def live(self):
         """Display a view of the latest step that updates in place while training runs."""
-        from .live import live_view
+        from .views.live import live_view
 
         return live_view(self)
 
@@ -282,7 +282,7 @@ class Inspector:
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
         marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
         first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
-        from .plots import heatmap
+        from .views.plots import heatmap
 
         return heatmap(self, stat, training=training, relative=relative, top=top)
 
@@ -293,7 +293,7 @@ class Inspector:
         on, for any `modules` asked for here; no activation is kept for them. On a GPU each
         histogram reads its range back once (torch.histc), so ask only for the modules you need.
         """
-        from .hist_plots import histograms
+        from .views.histograms import histograms
 
         patterns = globs(modules) or []
         added = track_histograms(self._calls.targets, patterns)

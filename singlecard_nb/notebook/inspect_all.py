@@ -21,7 +21,7 @@ from . import lazy_magics
 
 def inspect_all_line(magics: Any, args: Any) -> None:
     """`%inspect all [options]`, `%inspect all off`, `%inspect all show`."""
-    from ..inspection.discovery import Discovery
+    from ..inspection.finding.discovery import Discovery
 
     action = args.name
     if action not in (None, "off", "show"):

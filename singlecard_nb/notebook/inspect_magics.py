@@ -53,7 +53,7 @@ class InspectMagics(Magics):
     def __init__(self, shell: Any):
         super().__init__(shell)
         self.inspectors: dict[str, Any] = {}
-        self.finder: Any = None  # `%inspect all`: the inspection.discovery.Discovery
+        self.finder: Any = None  # `%inspect all`: the inspection.finding.discovery.Discovery
         self._events: Borrowed | None = None
         self._flush_callback = self._flush_all  # one bound object: unregister needs the same
 

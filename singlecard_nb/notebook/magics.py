@@ -19,6 +19,7 @@ from IPython.display import display
 from .. import session
 from ..pinning import devices, pinning
 from ..pinning import driver as driver_probe
+from . import ranks_run
 from .arguments import parse_line
 
 _SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card", "explain")
@@ -58,6 +59,13 @@ class SingleCardMagics(Magics):
     @argument("--force", action="store_true",
               help="pin a GPU outside this kernel's allocation (the CUDA_VISIBLE_DEVICES it "
                    "started with, e.g. set by Slurm), which is otherwise refused")
+    @argument("--ranks", type=int, default=None, metavar="N",
+              help="the next %%run starts the script as N processes (ranks of a gloo world) on "
+                   "the pinned device, with torchrun's variables; 1: a world of one again "
+                   "(docs/ranks.md)")
+    @argument("--hang-after", type=float, default=None, metavar="SECONDS",
+              help="with --ranks N: stop every rank when none made progress for this long and "
+                   "say where each one waits (default 60)")
     @line_magic
     def singlecard(self, line: str = "") -> None:
         """Pin this kernel to one GPU (or the CPU) and show what singlecard_nb is doing.
@@ -67,23 +75,26 @@ class SingleCardMagics(Magics):
         the pin is soft: the device becomes torch's current device, the others stay visible.
 
         Examples: %singlecard 1 | %singlecard GPU-2f6d | %singlecard auto --default-device |
-        %singlecard status | %singlecard off
+        %singlecard cpu --ranks 4 --hang-after 30 | %singlecard status | %singlecard off
         """
         args = parse_line(self.singlecard, "%singlecard", line)
         words = list(args.words)
-        options = args.default_device or args.no_single_card or args.force
+        options = (args.default_device or args.no_single_card or args.force
+                   or args.ranks is not None or args.hang_after is not None)
+        _check_ranks(args)
         if not words:
             words = ["status"]
         command = words[0].lower()
         if command in _SUBCOMMANDS and options:
-            raise UsageError(f"%singlecard {command}: --default-device, --no-single-card and "
-                             "--force go with a TARGET only")
+            raise UsageError(f"%singlecard {command}: --default-device, --no-single-card, "
+                             "--force, --ranks and --hang-after go with a TARGET only")
         if command in ("off", "status", "list", "picker") and len(words) > 1:
             raise UsageError(f"%singlecard {command} takes no argument, got {' '.join(words[1:])!r}")
         if command == "off":
             self._off()
         elif command == "status":
             display(session.status())
+            print(ranks_run.describe(self.shell))
         elif command == "list":
             self._list()
         elif command == "picker":
@@ -103,6 +114,9 @@ class SingleCardMagics(Magics):
         else:
             self._pin(words, default_device=args.default_device,
                       single_card=not args.no_single_card, force=args.force)
+            said = ranks_run.configure(self.shell, args.ranks or 1, args.hang_after)
+            if said:
+                print(said)
 
     # --- commands ---------------------------------------------------------------------------
     def _pin(self, words: list[str], *, default_device: bool, single_card: bool,
@@ -154,6 +168,7 @@ class SingleCardMagics(Magics):
             "and pin by UUID, which never moves.")
 
     def _off(self) -> None:
+        ranks_run.forget(self.shell)
         state = session.current()
         session.release()
         if state is None:
@@ -203,6 +218,20 @@ class SingleCardMagics(Magics):
             explain_cells.stop(self.shell)
         state = "on" if explain_cells.is_on(self.shell) else "off"
         print(f"Explanations after cells that fail inside a module are {state}.")
+
+
+def _check_ranks(args: Any) -> None:
+    """--ranks and --hang-after, checked before anything changes."""
+    if args.ranks is not None and args.ranks < 1:
+        raise UsageError(f"%singlecard --ranks: expected a number of processes, 1 or more "
+                         f"(1: a world of one), got {args.ranks}")
+    if args.hang_after is not None:
+        if not args.hang_after > 0:
+            raise UsageError(f"%singlecard --hang-after: expected seconds above 0, got "
+                             f"{args.hang_after:g}")
+        if args.ranks is None or args.ranks < 2:
+            raise UsageError("%singlecard --hang-after goes with --ranks N (N ≥ 2), e.g. "
+                             "`%singlecard cpu --ranks 2 --hang-after 30`")
 
 
 def pin_at_load(shell: Any, target: str) -> None:

@@ -15,6 +15,10 @@ device); it closes when the last reference to the group goes. So that `destroy_p
   `state_dict()`; calling it says to rebuild it, as a real DDP over a destroyed group fails.
 The sockets a group opened are found in /proc (Linux) by comparing before and after, so status
 can say which are still open.
+
+In a rank of `%singlecard cpu --ranks N` (world=N) the group is the real world of N the launcher
+set up (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): only the backend (gloo where nccl was
+asked for: NCCL refuses two ranks on one GPU) and `device_id` (the shared card) change.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ _RELEASED = ("This DistributedDataParallel (or FullyShardedDataParallel) was bui
 class Groups:
     """The process groups of one single-card session on `device`."""
 
-    def __init__(self, device: torch.device, notices: Notices):
+    def __init__(self, device: torch.device, notices: Notices, world: int = 1):
         self.device = device
         self.notices = notices
+        self.world = world  # 1: worlds of one; N: this process is a rank of a real world of N
         self.formed = 0  # default groups formed
         self._group: weakref.ref | None = None  # the default group we formed last
         self._listeners: dict[str, str] = {}  # socket inode -> "host:port", opened by our groups
@@ -77,6 +82,8 @@ class Groups:
 
         def init_process_group(*args, **kwargs):
             requested = signature.bind(*args, **kwargs).arguments
+            if self.world > 1:
+                return self._form_real_world(original, requested)
             self._say_if_world_ignored(requested.get("world_size", -1))
             if dist.is_initialized():  # re-running the cell: torch would refuse a second one
                 dist.destroy_process_group()
@@ -98,6 +105,24 @@ class Groups:
             self.form(original, options)
 
         return init_process_group
+
+    def _form_real_world(self, original: Callable, requested: dict[str, Any]) -> None:
+        """A rank of N ranks on one device: torch's own group, gloo for nccl, the shared card."""
+        options = dict(requested)
+        backend = requested.get("backend")
+        # gloo also when nothing was asked for: torch would pick nccl for a card, and fail
+        options["backend"] = "gloo"
+        if backend is not None and "nccl" in str(backend).lower() \
+                and os.environ.get("RANK", "0") == "0":  # the N ranks say it once, not N times
+            where = ("the cpu" if self.device.type != "cuda"
+                     else "one GPU (NCCL refuses two ranks on one card)")
+            self.notices.say("gloo", f"singlecard_nb: init_process_group uses gloo instead of "
+                                     f"nccl: the {self.world} ranks share {where}.",
+                             stacklevel=3)
+        if backend is not None and str(backend).lower() != "gloo":
+            options.pop("pg_options", None)  # the options of the backend asked for
+        options.pop("device_id", None)  # binds an nccl communicator to a card; gloo has none
+        return original(**options)
 
     def _destroy_patch(self, original: Callable) -> Callable:
         def destroy_process_group(group=None):

@@ -64,6 +64,7 @@ class _State:
     wrappers: int = 0  # DataParallel / DDP wrappers built while on
     notices: Notices = field(default_factory=Notices)
     groups: Groups | None = None
+    world: int = 1  # >1: a rank of a real world whose ranks share the device (groups.py)
     conversions: Conversions = field(default_factory=Conversions)
 
 
@@ -71,14 +72,17 @@ _state = _State()
 
 
 # --- public -----------------------------------------------------------------------------------
-def enable(device: torch.device | str) -> None:
+def enable(device: torch.device | str, *, world: int = 1) -> None:
     """Turn single-card mode on for `device`; calling again with another device switches to it.
 
+    world: 1 (process groups are worlds of one), or the N of a job whose N ranks all run on
+        this device (`%singlecard cpu --ranks N`): then `init_process_group` forms the real
+        world of N the launcher set up, with gloo where nccl was asked for.
     Never starts CUDA: devices are only touched when user code builds a wrapper or a group.
     """
     device = _normalise(device)
     if _state.owner is not None:
-        if _state.device == device:
+        if _state.device == device and _state.world == world:
             return
         disable()
     if device.type == "cuda" and torch.cuda.is_initialized():
@@ -87,8 +91,9 @@ def enable(device: torch.device | str) -> None:
         torch.cuda.set_device(device.index)
     owner = Borrowed("single-card mode")
     notices = Notices(suffix="said once; `%singlecard status` counts each time")
-    groups = Groups(device, notices)
+    groups = Groups(device, notices, world=world)
     _state.owner, _state.device, _state.notices, _state.groups = owner, device, notices, groups
+    _state.world = world
     _state.wrappers = 0
     conversions = _state.conversions = Conversions()
     done = False
@@ -108,7 +113,7 @@ def enable(device: torch.device | str) -> None:
         fsdp.install(owner, device, groups, notices, conversions)
         mesh.install(owner, device, notices, conversions)
         spawn.install(owner, notices)
-        if (size := world_size.from_environ(os.environ)) is not None:
+        if world == 1 and (size := world_size.from_environ(os.environ)) is not None:
             world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",
                            stacklevel=world_size.outside_this_package())
         _provide_torchrun_env(owner)
@@ -238,7 +243,7 @@ def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
         requested = arguments.get("device_ids")
         _fix_devices(module, arguments, _state.device, notices)
         if arguments.get("process_group") is None and arguments.get("device_mesh") is None \
-                and not dist.is_initialized():
+                and not dist.is_initialized() and groups.world == 1:
             notices.say("ddp-group", "singlecard_nb: DistributedDataParallel built without "
                                      "init_process_group: single-card mode formed a world of one "
                                      "(rank 0) for it.")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from .diagnostics import Diagnostics
+from ..diagnostics import Diagnostics
 
 _push = torch._C._autograd._push_saved_tensors_default_hooks
 _pop = torch._C._autograd._pop_saved_tensors_default_hooks

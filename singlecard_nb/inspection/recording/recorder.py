@@ -18,15 +18,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..dtypes import NAMES as _DTYPE_NAMES
-from ..dtypes import dtype_name
-from ..errors import TRAP_FRAME, NonFiniteError
-from .diagnostics import Diagnostics
-from .memory import MemoryLedger, peak_bytes
-from .stats import VALUES, StepStats, reducible
+from ...dtypes import NAMES as _DTYPE_NAMES
+from ...dtypes import dtype_name
+from ...errors import TRAP_FRAME, NonFiniteError
+from ..diagnostics import Diagnostics
+from ..kernel.stats import VALUES, StepStats, reducible
+from ..memory.ledger import MemoryLedger, peak_bytes
+from ..targets import Target
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
-from .targets import Target
 
 # A container's output is the same tensor as a child's, seen a few hooks earlier: remembering
 # only the last few keeps dedupe's weak references from piling up for the garbage collector.

@@ -7,7 +7,7 @@ import html
 import math
 from typing import Any
 
-from ..theme import no_math
+from ...theme import no_math
 
 _SPARK = "▁▂▃▄▅▆▇█"
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..job import place
+from ...job import place
 
 FORMAT = 1
 ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
@@ -213,6 +213,11 @@ def find(path_or_glob: str | os.PathLike | Iterable) -> list[Path]:
 
 class _NotRecords(ValueError):
     """A readable file that is not (or not yet) one `load` understands; the message names it."""
+
+
+def read_one(path: Path):
+    """(frame, meta) of one record file."""
+    return _read_one(path)
 
 
 def _read_one(path: Path):

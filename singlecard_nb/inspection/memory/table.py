@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
-from ..theme import NO_MATH_CLASSES, no_math
-from .memory import MemoryLedger, storage_of
+from ...capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
+from ...theme import NO_MATH_CLASSES, no_math
+from .ledger import MemoryLedger, storage_of
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "outputs")
 _SHOWN = 30  # rows the table renders (the frame has them all)

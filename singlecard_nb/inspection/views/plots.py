@@ -1,4 +1,4 @@
-"""Matplotlib figures: an Inspector's module × step heatmap (histograms: `hist_plots.py`), and a
+"""Matplotlib figures: an Inspector's module × step heatmap (histograms: `histograms.py`), and a
 comparison's divergence per module.
 
 Every figure is made by `new_figure`: through pyplot (so the notebook's inline backend knows how

@@ -25,7 +25,7 @@ import html
 import os
 from typing import Any
 
-from .. import theme
+from ... import theme
 from .alignment import COMPARED, check_stats, ranks_of
 from .comparison import Comparison, Divergence, compare_frames
 
@@ -53,6 +53,19 @@ def as_frame(x: Any):
                     f"records; got {type(x).__name__}")
 
 
+def _last_ranks_run():
+    from ...job import last_ranks_run
+
+    last = last_ranks_run()
+    if last is None:
+        raise ValueError("compare_ranks() with no argument compares the ranks of the last "
+                         "`%run` under `%singlecard cpu --ranks N`, and none has run in this "
+                         "process; give an Inspector, a frame or a path of saved records.")
+    if isinstance(last, str):
+        raise ValueError(f"compare_ranks(): the last `%run` of ranks recorded nothing: {last}")
+    return last
+
+
 def compare(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
             atol: float = 1e-6) -> Comparison:
     """Align two runs tensor by tensor and find where they first differ.
@@ -77,7 +90,8 @@ class RankComparison:
     """Every rank of a job against the lowest rank, on what DDP keeps identical.
 
     first: the earliest `Divergence` (its `rank` says which rank differs), or None. ranks: the
-    ranks that differ from the reference rank. pairs: rank -> its `Comparison`.
+    ranks that differ from the reference rank. pairs: rank -> its `Comparison`. odd: the one
+    rank that parts from all the others (the reference itself when the rest agree), or None.
     """
 
     def __init__(self, frame, stats, rtol: float, atol: float, inputs: bool | str):
@@ -110,6 +124,29 @@ class RankComparison:
         if self.ranks:
             rank = min(self.ranks, key=lambda r: (self.pairs[r]._first_order, r))
             self.first = dataclasses.replace(self.pairs[rank].first, rank=rank)
+        self.odd = self._odd_one(frame, inputs)
+
+    def _odd_one(self, frame, inputs: bool | str) -> int | None:
+        """The one rank that parts from all the others (None: no such one, or two ranks,
+        where either could be it). Every rank but the reference differing from it, while those
+        agree among themselves, makes the reference the odd one."""
+        others = self.all_ranks[1:]
+        if len(self.all_ranks) < 3 or not self.ranks:
+            return None
+        if len(self.ranks) == 1:
+            return self.ranks[0]
+        if set(self.ranks) != set(others):
+            return None
+        notes, self.notes = self.notes, []  # said once already, for the reference's pairs
+        try:
+            second = frame[frame["rank"] == others[0]]
+            for rank in others[1:]:
+                a, b = self._expected_equal(second, frame[frame["rank"] == rank], rank, inputs)
+                if compare_frames(a, b, self.stats, self.rtol, self.atol).first is not None:
+                    return None
+        finally:
+            self.notes = notes
+        return self.reference
 
     def _expected_equal(self, reference, other, rank: int, inputs: bool | str):
         """The rows DDP keeps equal: state rows always; the rest of a step when the model's
@@ -146,7 +183,7 @@ class RankComparison:
     def plot(self, stat: str | None = None):
         """The divergence plot of the rank that differs first (else the first pair)."""
         if not self.pairs:
-            from .plots import message_figure
+            from ..views.plots import message_figure
 
             return message_figure("one rank only: nothing to compare across ranks")
         rank = self.first.rank if self.first is not None else next(iter(self.pairs))
@@ -161,7 +198,12 @@ class RankComparison:
         others = ", ".join(str(r) for r in self.ranks)
         who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
         first = dataclasses.replace(self.first, rank=None)
-        return (f"{who} from rank {self.reference}; first divergence, on rank "
+        odd = ""
+        if self.odd is not None:
+            rest = [r for r in self.all_ranks if r != self.odd]
+            odd = (f"rank {self.odd} is the odd one (ranks {', '.join(map(str, rest))} agree "
+                   "with each other): ")
+        return (f"{odd}{who} from rank {self.reference}; first divergence, on rank "
                 f"{self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
@@ -186,12 +228,13 @@ def _root_inputs(frame):
     return frame[(frame["module"] == "") & (frame["io"] == "input")]
 
 
-def compare_ranks(x, stats=("mean", "std", "absmax"), rtol: float = 1e-6, atol: float = 0.0,
-                  inputs: bool | str = "auto") -> RankComparison:
+def compare_ranks(x=None, stats=("mean", "std", "absmax"), rtol: float = 1e-6,
+                  atol: float = 0.0, inputs: bool | str = "auto") -> RankComparison:
     """Which ranks of a job differ where DDP keeps them identical?
 
     x: an Inspector (in a job, a collective: every rank gathers all ranks' rows and gets the
-        same answer), a frame with several ranks, or a path / glob of saved records.
+        same answer), a frame with several ranks, or a path / glob of saved records; none: the
+        ranks of the last `%run` under `%singlecard cpu --ranks N` (docs/ranks.md).
     rtol, atol: tighter than compare()'s. DDP gives every rank the same all-reduced gradient and
         the same arithmetic, so its parameters agree bit for bit; 1e-6 leaves room only for
         nondeterministic GPU kernels, and finds a 0.1% update one rank made on its own.
@@ -202,6 +245,8 @@ def compare_ranks(x, stats=("mean", "std", "absmax"), rtol: float = 1e-6, atol: 
     """
     import pandas as pd
 
+    if x is None:
+        x = _last_ranks_run()
     if not isinstance(x, pd.DataFrame) and callable(getattr(x, "frame", None)):
         frame = x.frame(ranks="all")
     else:

@@ -20,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from ..theme import NO_MATH_CLASSES
+from ...theme import NO_MATH_CLASSES
 from .formatting import escape, num, shape, sparkline, sparklines
 from .ranking import NONFINITE, Row, flatten
 

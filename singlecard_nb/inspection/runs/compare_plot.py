@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import plots  # plots.new_figure, looked up at each call: the one figure helper
+from ..views import plots  # plots.new_figure, looked up at each call: the one figure helper
 from .alignment import COMPARED
 
 _IO_STYLE = {"output": ("#1f77b4", "o"), "input": ("#7f7f7f", "s"), "grad": ("#ff7f0e", "v"),

@@ -5,7 +5,7 @@ a tensor plus temporaries; `onepass.c` reads it once (measured in benchmarks/REA
 compiled with the system C compiler (`$CC`, else cc, gcc or clang) as a Python extension module
 (`onepass_module.c`) where Python's headers are installed, else as a plain library loaded with
 ctypes, and checked against torch on a known tensor. It is built once per machine and user, into
-a private cache (`kernel_build.cache_dir()`), named by everything that changes the build: the sources, the
+a private cache (`build.cache_dir()`), named by everything that changes the build: the sources, the
 compiler, the flags, the Python, the CPU (`-march=native`) and torch's OpenMP library; a lock
 keeps the ranks of a job from building it together. The build runs in a daemon thread, started
 by the first CPU tensor to reduce (`start()`), so no step ever waits for it: `kernels()` stays
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from ..dtypes import dtype_name
-from ..notices import Notices
-from . import kernel_build
+from ...dtypes import dtype_name
+from ...notices import Notices
+from . import build
 
 ENV = "SINGLECARD_NB_NATIVE"
 
@@ -126,20 +126,20 @@ def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
 
     only_cached: load what is cached, or return None at once (no build, no waiting on a lock).
     """
-    cc = kernel_build.compiler()
-    openmp = kernel_build.torch_openmp_library()
+    cc = build.compiler()
+    openmp = build.torch_openmp_library()
     package = resources.files(__package__)
     sources = {name: package.joinpath(name).read_text() for name in ("onepass.c",
                                                                      "onepass_module.c")}
-    folder = kernel_build.cache_dir()
-    if not kernel_build.private_folder(folder):
+    folder = build.cache_dir()
+    if not build.private_folder(folder):
         if only_cached:
             return None
-        return _build_in(Path(kernel_build.temporary_folder()), cc, openmp, sources, keep=False)
-    key = kernel_build.key(cc, openmp, sources)
+        return _build_in(Path(build.temporary_folder()), cc, openmp, sources, keep=False)
+    key = build.key(cc, openmp, sources)
     with open(folder / f"{key}.lock", "a") as lock:
         # the lock is released when the file closes
-        if not kernel_build.lock_file(lock, wait=not only_cached):
+        if not build.lock_file(lock, wait=not only_cached):
             return None
         for _source, _extra, kind in _builds():
             built = folder / f"onepass-{key}-{kind}"
@@ -174,14 +174,14 @@ def _build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str]
     try:
         for name, text in sources.items():
             Path(work, name).write_text(text)
-        variants = [(flags, None) for flags in kernel_build.FLAG_SETS]
+        variants = [(flags, None) for flags in build.FLAG_SETS]
         if openmp is not None:  # link torch's own OpenMP library, by its path, not -lgomp
-            variants.insert(0, ((*kernel_build.FLAG_SETS[0], "-fopenmp"), openmp))
+            variants.insert(0, ((*build.FLAG_SETS[0], "-fopenmp"), openmp))
         error = ""
         for source, extra, kind in _builds():
             for i, (flags, library) in enumerate(variants):
                 lib_path = Path(work, f"{i}-{kind}")
-                error = kernel_build.compile_library(cc, Path(work, source), flags, extra,
+                error = build.compile_library(cc, Path(work, source), flags, extra,
                                                      library, lib_path)
                 if error:
                     continue

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import TRAP_FRAME
-from .diagnostics import Diagnostics
+from ...errors import TRAP_FRAME
+from ..diagnostics import Diagnostics
+from ..targets import Target
 from .recorder import Recorder
-from .targets import Target
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)

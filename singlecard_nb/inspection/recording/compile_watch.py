@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..borrow import Borrowed, Listeners, wrap_like
+from ...borrow import Borrowed, Listeners, wrap_like
 
 Listener = Callable[[nn.Module, nn.Module], None]
 

@@ -20,11 +20,11 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from ..borrow import Borrowed, Listeners
+from ...borrow import Borrowed, Listeners
+from ..diagnostics import Diagnostics
+from ..targets import Target
 from .calls import CallTracker, StepMethod
-from .diagnostics import Diagnostics
 from .recorder import Recorder
-from .targets import Target
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")

@@ -26,11 +26,11 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ..borrow import Borrowed
-from . import engine
-from .calls import calls_on_stack
-from .compile_watch import compile_listeners
-from .engine import Inspector
+from ...borrow import Borrowed
+from .. import engine
+from ..engine import Inspector
+from ..recording.calls import calls_on_stack
+from ..recording.compile_watch import compile_listeners
 from .model_rules import (
     COPY_CLASSES,
     call_kwargs,
@@ -125,6 +125,12 @@ class Discovery:
             self._remove_marks()  # a model of the last run called again is a model again
             self._inspectors, self._known, self._names = {}, {}, Counter()
             self._arm()
+
+    def adopt(self, found: dict[str, Any]) -> None:
+        """Models recorded in other processes join `inspectors()` by name: each rank's models
+        of a `%run` under `%singlecard cpu --ranks N` (`GPT[rank 1]`, read from its file)."""
+        with self._lock:
+            self._inspectors.update(found)
 
     def flush(self) -> None:
         """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips

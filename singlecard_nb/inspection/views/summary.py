@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..theme import NO_MATH_CLASSES
+from ...theme import NO_MATH_CLASSES
 from . import ranking
 from .formatting import escape, num, shape, trend
 

@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any
 
-from .. import borrow
+from ... import borrow
 from . import live_html, ranking
 from .formatting import num as _num
 from .formatting import shape, sparkline  # noqa: F401  (sparkline: the view's, for scripts)

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..job import rank
-from .diagnostics import Diagnostics
-from .stats import VALUES
+from ...job import rank
+from ..diagnostics import Diagnostics
+from ..kernel.stats import VALUES
 
 # `training` is the module's .training flag at the call (train vs eval); it comes last so that
 # the columns of version 0.1 keep their places.

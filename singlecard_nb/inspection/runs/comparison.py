@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from .. import theme
+from ... import theme
 from .alignment import (
     COMPARED,
     ONLY_IN_A,
@@ -147,7 +147,7 @@ class Comparison:
         return rows[[c for c in shown if c in rows.columns]]
 
     def _repr_html_(self) -> str:
-        from .summary import html_table
+        from ..views.summary import html_table
 
         parts = [f"<div class='singlecard-compare {theme.NO_MATH_CLASSES}'><p><b>"
                  f"{html.escape(self._headline())}</b></p>",

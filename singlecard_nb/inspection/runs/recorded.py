@@ -1,0 +1,62 @@
+"""A model's records from one rank of a job, read back from its file: what `scn.inspectors()`
+holds after a `%run` of N ranks (`GPT[rank 1]`), the rows and their summary, no model."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..views.summary import Summary
+from .records import read_one
+
+_RANK_FILE = re.compile(r"^(?P<stem>.+?)(?:\.(?P<model>[^.]+))?\.rank(?P<rank>\d+)\.db$")
+
+
+class Recorded:
+    """One model of one rank, recorded in another process; reads like a stopped Inspector."""
+
+    active = False  # no hooks here: the model ran in the rank's process
+
+    def __init__(self, name: str, rank: int, frame: Any, path: str | os.PathLike):
+        self.name, self.rank, self.path = name, rank, Path(path)
+        self._frame = frame
+        self.notes: list[str] = []
+        self.errors: list[str] = []
+
+    @property
+    def steps_recorded(self) -> int:
+        return int(self._frame["step"].nunique()) if len(self._frame) else 0
+
+    def frame(self, ranks: str | None = None):
+        """The rank's rows (ranks="all" gives the same: the other ranks are their own entries)."""
+        return self._frame.copy()
+
+    def summary(self, top: int | None = None) -> Summary:
+        return Summary(self, top)
+
+    def flush(self) -> None:
+        """Nothing to move: the rows are on the host already."""
+
+    def stop(self) -> None:
+        """Nothing to stop: the rank that recorded these rows has ended."""
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: {self.steps_recorded} steps recorded in rank {self.rank}>"
+
+
+def from_folder(folder: str | os.PathLike, stem: str = "records") -> dict[str, Recorded]:
+    """{"GPT[rank 0]": Recorded, ...} of the rank files `python -m singlecard_nb --save
+    FOLDER/STEM.db` wrote, ordered by model then rank."""
+    found = []
+    for path in Path(folder).glob(f"{stem}*.rank*.db"):
+        match = _RANK_FILE.match(path.name)
+        if match is None or match["stem"] != stem:
+            continue
+        frame, meta = read_one(path)
+        model = match["model"] or str(meta.get("model") or "model")
+        found.append((model, int(match["rank"]), frame, path))
+    return {f"{model}[rank {rank}]": Recorded(f"{model}[rank {rank}]", rank, frame, path)
+            for model, rank, frame, path in sorted(found, key=lambda f: (f[0], f[1]))}
+

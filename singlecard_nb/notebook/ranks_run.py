@@ -1,0 +1,241 @@
+"""`%singlecard cpu --ranks N`: the next `%run script.py args` runs the script as N ranks.
+
+Only parses, calls the ranks wing and renders. The setting lives per shell with one owner that
+wraps `%run` (the real callable behind IPython's lazy placeholder, as `%inspect all` does; the
+two wrappers compose in either order: each passes through when it has nothing to do) and gives
+it back at `--ranks 1`, `%singlecard off` and `%unload_ext`. Under `%inspect all` the ranks are
+inspected with its options; their records are read back as they are saved, and after the run
+`scn.inspectors()` holds `GPT[rank 0]`, `GPT[rank 1]`, ... and `scn.compare_ranks()` compares
+them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.display import display
+
+from .. import job, session
+from ..borrow import Borrowed
+from . import lazy_magics
+
+DEFAULT_HANG_AFTER = 60.0
+_CLI_FLAGS = {"grads": "--grads", "params": "--params", "trap": "--trap", "memory": "--memory"}
+_CLI_VALUES = {"every": "--every", "max_rows": "--max-rows"}
+_CLI_LISTS = {"include": "--include", "exclude": "--exclude"}
+
+
+@dataclass
+class Setting:
+    ranks: int
+    hang_after: float
+    owner: Borrowed
+
+
+_settings: dict[int, Setting] = {}  # id(shell) -> its setting, while ranks > 1
+
+
+def current(shell: Any) -> Setting | None:
+    return _settings.get(id(shell))
+
+
+def describe(shell: Any) -> str:
+    """The line `%singlecard status` adds."""
+    setting = current(shell)
+    if setting is None:
+        return "Ranks: 1 (%run runs in this process; `%singlecard cpu --ranks N` for N ranks)."
+    return (f"Ranks: {setting.ranks} (the next %run starts {setting.ranks} processes on the "
+            f"pinned device; the hang doctor stops them after {setting.hang_after:g} s without "
+            "progress; `--ranks 1` for a world of one). See docs/ranks.md.")
+
+
+def configure(shell: Any, ranks: int, hang_after: float | None) -> str:
+    """Set the ranks of the next `%run` (checked by the caller); returns what to say."""
+    setting = current(shell)
+    if ranks == 1:
+        if setting is not None:
+            setting.owner.restore()
+            return "Ranks: 1 again: %run runs the script in this process, a world of one."
+        return ""
+    hang_after = DEFAULT_HANG_AFTER if hang_after is None else hang_after
+    if setting is not None:
+        setting.ranks, setting.hang_after = ranks, hang_after
+    else:
+        _settings[id(shell)] = Setting(ranks, hang_after, _wrap_run(shell))
+    return (f"Ranks: {ranks}: the next %run starts the script as {ranks} processes on this "
+            f"device (RANK, WORLD_SIZE, ... as torchrun sets them); the hang doctor stops them "
+            f"after {hang_after:g} s without progress.")
+
+
+def forget(shell: Any) -> None:
+    """`%singlecard off`: back to a world of one."""
+    setting = current(shell)
+    if setting is not None:
+        setting.owner.restore()
+
+
+def _wrap_run(shell: Any) -> Borrowed:
+    original = lazy_magics.resolved(shell, "line", "run")
+    table = shell.magics_manager.magics["line"]
+
+    @functools.wraps(original)  # keeps IPython's magic attributes (no variable expansion)
+    def run(parameter_s: str = "", *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        setting = current(shell)
+        if setting is None or setting.ranks < 2:
+            return original(parameter_s, *args, **kwargs)
+        return run_ranks(shell, parameter_s, setting)
+
+    owner = Borrowed("%singlecard --ranks: %run starts N ranks")
+    table["run"] = run
+
+    def give_back() -> None:
+        if table.get("run") is run:
+            table["run"] = original
+        _settings.pop(id(shell), None)
+
+    owner.on_restore(give_back, "%run wrapper (ranks)")
+    return owner
+
+
+# --- one run ------------------------------------------------------------------------------------
+def _program(line: str) -> list[str]:
+    try:
+        words = shlex.split(line)
+    except ValueError as e:
+        raise UsageError(f"%run under --ranks: {e} in {line!r}") from None
+    if not words:
+        raise UsageError("%run under --ranks: give the script to run (%run script.py args).")
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise UsageError("%run -m: give the module to run.")
+        return words
+    if words[0].startswith("-"):
+        raise UsageError(f"%run {words[0]} under --ranks: the ranks are processes of "
+                         "their own, so %run's options for this process (-i, -d, -t, -p, -e, "
+                         "-n) do not apply; accepted: `%run script.py args` or `%run -m "
+                         "module args`, or `%singlecard cpu --ranks 1` first.")
+    if not os.path.isfile(words[0]):
+        raise UsageError(f"%run: no such file {words[0]!r} (in {os.getcwd()}).")
+    return words
+
+
+def _target() -> tuple[str, dict[str, str]]:
+    """What every rank pins, and the notebook's environment before its own pin."""
+    state = session.current()
+    if state is None:
+        raise UsageError("%run under --ranks needs a pinned device: `%singlecard cpu --ranks N` "
+                         "or `%singlecard GPU --ranks N`.")
+    environ = dict(os.environ)
+    for name, value in state.env_before.items():  # each rank pins itself, as the notebook did
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    if state.gpu is None:
+        return "cpu", environ
+    return (state.mig.uuid if state.mig is not None else state.gpu.uuid), environ
+
+
+def _finder(shell: Any) -> Any:
+    magics = shell.magics_manager.registry.get("InspectMagics")
+    finder = getattr(magics, "finder", None)
+    return finder if finder is not None and finder.active else None
+
+
+def cli_options(options: dict[str, Any]) -> list[str]:
+    """`%inspect all`'s options as `python -m singlecard_nb` takes them."""
+    words: list[str] = []
+    for key, value in options.items():
+        if key in _CLI_FLAGS and value:
+            words.append(_CLI_FLAGS[key])
+        elif key in _CLI_VALUES and value is not None and not (key == "every" and value == 1):
+            words += [_CLI_VALUES[key], str(value)]
+        elif key in _CLI_LISTS and value:
+            for glob in value:
+                words += [_CLI_LISTS[key], str(glob)]
+    return words
+
+
+def run_ranks(shell: Any, line: str, setting: Setting) -> None:
+    """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang."""
+    __tracebackhide__ = True  # noqa: F841
+    from ..ranks import launch
+    from ..ranks.run import RankJob
+
+    program = _program(line)
+    target, environ = _target()
+    finder = _finder(shell)
+    folder = tempfile.mkdtemp(prefix="singlecard_nb-ranks-")
+    options = []
+    if finder is not None:
+        options = [*cli_options(finder.options), "--save", os.path.join(folder, "records.db")]
+        finder.reset()  # a new run: the previous run's models are forgotten
+    ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
+    progress = _Progress(setting.ranks) if finder is not None else None
+    job.remember_ranks_run("turn `%inspect all --params` on before `%run`, so each rank "
+                           "records its models" if finder is None else None)
+    try:
+        RankJob(ranks, folder, setting.hang_after,
+                on_status=progress.update if progress is not None else None).run()
+    finally:
+        try:
+            if finder is not None:
+                _read_back(finder, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_back(finder: Any, folder: str) -> None:
+    from ..inspection.runs.recorded import from_folder
+    from ..inspection.runs.records import load
+
+    found = from_folder(folder)
+    finder.adopt(found)
+    if found:
+        job.remember_ranks_run(load([str(r.path) for r in found.values()]))
+    else:
+        job.remember_ranks_run("no rank called a model with parameters")
+
+
+class _Progress:
+    """The ranks' records as they come, side by side, in one output updated in place."""
+
+    def __init__(self, ranks: int):
+        self.ranks = ranks
+        self.handle: Any = None
+        self._last = ""
+
+    def update(self, statuses: dict[int, Any]) -> None:
+        models: dict[str, dict[int, int]] = {}
+        for rank, status in statuses.items():
+            for name, steps in ((status or {}).get("records") or {}).items():
+                models.setdefault(name, {})[rank] = steps
+        if not models:
+            return
+        text = "records so far: " + "; ".join(
+            f"{name}: " + " | ".join(f"rank {r} step {by_rank.get(r, 0)}"
+                                     for r in range(self.ranks))
+            for name, by_rank in models.items())
+        if text == self._last:
+            return
+        self._last = text
+        if self.handle is None:
+            self.handle = display(_Text(text), display_id=True)
+        else:
+            self.handle.update(_Text(text))
+
+
+class _Text:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text

@@ -1,0 +1,171 @@
+"""In each rank: where it stands, written to a small status file the notebook reads.
+
+A daemon thread samples the main thread's stack every `INTERVAL` seconds (gloo and DDP release
+the GIL while they wait, so the thread runs while the rank is stuck in a collective) and writes
+`rank<k>.json` in the run's folder: the user's own `file:line`, the collective it is in (if
+any), a progress count that moves when the stack or the CPU time moves, what was recorded, and
+the exception if the script raised. Standard library only: it runs before the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+INTERVAL = 0.5  # seconds between samples
+_BUSY_CPU = 0.1  # CPU seconds per second of wall time that count as working (10% of a core)
+
+Frame = tuple[str, int, str]  # (file name, line, function), innermost first
+
+
+def _library_roots() -> tuple[str, ...]:
+    import torch
+
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # singlecard_nb
+             os.path.dirname(os.path.abspath(torch.__file__))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.abspath(path))
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+def is_user_file(filename: str, roots: Sequence[str]) -> bool:
+    """Not torch's, not ours, not the standard library's or an installed package's."""
+    if filename.startswith("<"):  # <frozen runpy>, <string>
+        return False
+    path = os.path.abspath(filename)
+    return not any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _collective(frame: Frame) -> str | None:
+    """The torch.distributed entry a frame is in, named as the user called it."""
+    filename, _, function = frame
+    path = filename.replace(os.sep, "/")
+    if "/torch/distributed/" in path and function not in ("wrapper", "<module>"):
+        return function
+    if path.endswith("/torch/nn/parallel/distributed.py"):
+        return f"DistributedDataParallel.{function}"
+    if "/torch/autograd/" in path and function == "backward":
+        return "backward (DDP's gradient all_reduce)"
+    return None
+
+
+def locate(frames: Sequence[Frame], roots: Sequence[str]) -> dict[str, Any]:
+    """{"where": "file:line" of the innermost user frame, "collective": the torch.distributed
+    call made from it (None: not in one)}; frames innermost first."""
+    for index, frame in enumerate(frames):
+        if is_user_file(frame[0], roots):
+            collective = None
+            for callee in reversed(frames[:index]):  # from the user's call inwards
+                collective = _collective(callee)
+                if collective is not None:
+                    break
+            return {"where": f"{frame[0]}:{frame[1]}", "function": frame[2],
+                    "collective": collective}
+    return {"where": None, "function": None, "collective": None}
+
+
+def frames_of(frame: Any) -> list[Frame]:
+    found = []
+    while frame is not None:
+        found.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
+        frame = frame.f_back
+    return found
+
+
+class Agent:
+    """The status writer of one rank; `start()` it before the script, `stop()` after."""
+
+    def __init__(self, folder: str | os.PathLike, rank: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.path = Path(folder) / f"rank{rank}.json"
+        self.rank = rank
+        self._clock = clock
+        self._main = threading.main_thread().ident
+        self._roots = _library_roots()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._progress = 0
+        self._last: tuple[Any, float] | None = None  # (stack signature, CPU time)
+        self._extra: dict[str, Any] = {}
+        self._periodic: list[Callable[[], dict[str, Any] | None]] = []
+        self._lock = threading.Lock()
+
+    def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
+        """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
+        self._periodic.append(fn)
+
+    def start(self) -> Agent:
+        self._write(self._sample())
+        self._thread = threading.Thread(target=self._loop, name="singlecard_nb rank agent",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def raised(self, error: BaseException) -> None:
+        """The script raised: said before its traceback is printed, so the first rank to fail
+        is known even when the others fail a moment later (their peer went away)."""
+        tb, inner = error.__traceback__, []
+        while tb is not None:  # each frame at the line it raised from, innermost first
+            inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno,
+                             tb.tb_frame.f_code.co_name))
+            tb = tb.tb_next
+        self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
+                                 "at": time.time(), **locate(inner, self._roots)}
+        self._write(self._sample())
+
+    def stop(self, status: int) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * INTERVAL)
+        self._extra["exit"] = status
+        self._beat()
+
+    # --- the thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(INTERVAL):
+            self._beat()
+
+    def _beat(self) -> None:
+        for fn in self._periodic:
+            try:
+                more = fn()
+            except Exception as e:  # said in the status, which the notebook shows
+                more = {"agent_error": f"{type(e).__name__}: {e}"}
+            if more:
+                self._extra.update(more)
+        self._write(self._sample())
+
+    def _sample(self) -> dict[str, Any]:
+        frame = sys._current_frames().get(self._main)
+        frames = frames_of(frame)
+        cpu = time.process_time()
+        signature = tuple((f[0], f[1]) for f in frames)
+        if self._last is None or signature != self._last[0] \
+                or cpu - self._last[1] > _BUSY_CPU * INTERVAL:
+            self._progress += 1
+        self._last = (signature, cpu)
+        return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
+                "time": time.time(), **locate(frames, self._roots), **self._extra}
+
+    def _write(self, status: dict[str, Any]) -> None:
+        with self._lock:
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(status))
+            os.replace(temporary, self.path)  # the notebook never reads half a file
+
+
+def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s latest status (None before its first)."""
+    try:
+        return json.loads((Path(folder) / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None

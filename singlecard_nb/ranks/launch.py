@@ -1,0 +1,66 @@
+"""The commands of a job of N ranks on one device: what torchrun would start, planned.
+
+Each rank is `python -m singlecard_nb --device TARGET --ranks-dir DIR [inspect options]
+script.py args` with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, a free MASTER_PORT each run; OMP_NUM_THREADS=1
+where unset, as torchrun does). Planning starts nothing: `plan()` is a pure function of its
+arguments, so the commands can be checked without a process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # holds singlecard_nb/
+# What a launcher sets per rank; a value the notebook has (single-card mode's RANK=0) is replaced
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    argv: tuple[str, ...]
+    environ: Mapping[str, str]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (rank 0's TCP store takes it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def plan(ranks: int, target: str, folder: str, program: Sequence[str],
+         inspect_options: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+         port: int | None = None, python: str = sys.executable) -> list[Rank]:
+    """The N ranks' commands.
+
+    target: the device every rank pins ("cpu", a GPU or MIG UUID).
+    program: what follows `python` for the script: ("train.py", *args) or ("-m", "pkg", *args).
+    inspect_options: `python -m singlecard_nb` options (`--params`, `--save PATH`, ...).
+    environ: the notebook's environment (default os.environ); port: MASTER_PORT (default free).
+    """
+    if ranks < 2:
+        raise ValueError(f"a job of ranks needs at least 2, got {ranks}")
+    base = {k: v for k, v in (os.environ if environ is None else environ).items()
+            if k not in TORCHRUN_VARIABLES}
+    # The children import this very package, whatever the notebook's working folder is.
+    base["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)
+    base.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does for more than one process
+    base["PYTHONUNBUFFERED"] = "1"  # output reaches the cell line by line, as it comes
+    shared = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
+              "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ranks),
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),
+              "TORCHELASTIC_RESTART_COUNT": "0"}
+    argv = (python, "-m", "singlecard_nb", "--device", target, "--ranks-dir", folder,
+            *inspect_options, *(("--",) if program and program[0] != "-m" else ()), *program)
+    return [Rank(k, argv, {**base, **shared, "RANK": str(k), "LOCAL_RANK": str(k),
+                           "ROLE_RANK": str(k)}) for k in range(ranks)]

@@ -1,0 +1,168 @@
+"""Start the N ranks, bring their output back as it comes, and stop every one of them.
+
+`RankJob(ranks, folder).run()` starts each rank in its own session (so one signal reaches the
+rank and whatever it started, DataLoader workers included), reads its stdout and stderr in
+threads, and in the calling thread: echoes each line prefixed `[rank k]`, watches the exits
+and the ranks' statuses (agent.py), and decides:
+- all exited 0: done;
+- one exited with an error: stop the others, raise `RankFailed` (which rank, where the others
+  waited);
+- no rank moved for `hang_after` seconds: stop every rank, raise `RanksHang`;
+- Ctrl-C (KeyboardInterrupt in the calling thread): stop every rank, re-raise.
+Stopping is in `finally`: SIGKILL to each rank's process group, then wait for it, so no child,
+socket or port outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from . import agent, doctor
+from .launch import Rank
+
+POLL = 0.1  # seconds between looks at exits and statuses
+
+
+class RankJob:
+    """One run of N ranks.
+
+    echo(rank, line, stream): shows a line of a rank's output ("stdout" or "stderr").
+    on_status(statuses): called about once a second with every rank's latest status.
+    """
+
+    def __init__(self, ranks: Sequence[Rank], folder: str, hang_after: float = 60.0,
+                 echo: Callable[[int, str, str], None] | None = None,
+                 on_status: Callable[[dict[int, Any]], None] | None = None,
+                 cwd: str | None = None):
+        self.ranks = list(ranks)
+        self.folder = folder
+        self.hang_after = hang_after
+        self.echo = echo or _print
+        self.on_status = on_status
+        self.cwd = cwd
+        self.processes: dict[int, subprocess.Popen] = {}
+        self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
+        self._readers: list[threading.Thread] = []
+
+    def run(self) -> dict[int, int]:
+        """Run to the end; {rank: exit status} (all 0), or raise as the module says."""
+        __tracebackhide__ = True  # noqa: F841 (IPython hides this frame)
+        try:
+            for spec in self.ranks:
+                self._start(spec)
+            return self._watch()
+        finally:
+            self.stop()
+
+    # --- starting ---------------------------------------------------------------------------
+    def _start(self, spec: Rank) -> None:
+        process = subprocess.Popen(
+            list(spec.argv), env=dict(spec.environ), cwd=self.cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.processes[spec.rank] = process
+        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+            reader = threading.Thread(target=self._read, args=(spec.rank, stream, name),
+                                      name=f"[rank {spec.rank}] {name}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def _read(self, rank: int, stream: IO[bytes], name: str) -> None:
+        for raw in iter(stream.readline, b""):
+            self._lines.put((rank, raw.decode(errors="replace").rstrip("\n"), name))
+        stream.close()
+
+    # --- watching ---------------------------------------------------------------------------
+    def _watch(self) -> dict[int, int]:
+        __tracebackhide__ = True  # noqa: F841
+        moved = {r: time.monotonic() for r in self.processes}  # last progress of each rank
+        progress: dict[int, Any] = {}
+        told = 0.0
+        exited: set[int] = set()
+        while True:
+            printed = self._echo_waiting()
+            codes = {r: p.poll() for r, p in self.processes.items()}
+            statuses = {r: agent.read(self.folder, r) for r in self.processes}
+            now = time.monotonic()
+            for r, status in statuses.items():
+                mark = None if status is None else status.get("progress")
+                ended = codes[r] is not None and r not in exited  # an exit moves once
+                # Starting Python and torch is no hang: a rank's clock starts at its first word
+                starting = status is None and codes[r] is None
+                if mark != progress.get(r) or r in printed or ended or starting:
+                    progress[r], moved[r] = mark, now
+                if ended:
+                    exited.add(r)
+            if self.on_status is not None and now - told >= 1.0:
+                told = now
+                self.on_status(statuses)
+            failed = doctor.first_failed(statuses, {r: c for r, c in codes.items()
+                                                    if c not in (None, 0)})
+            if failed is not None and codes[failed] is not None:
+                self._drain()
+                raise doctor.RankFailed(doctor.failure_report(failed, statuses, codes))
+            if all(c is not None for c in codes.values()):
+                self._drain()
+                return codes
+            if now - max(moved.values()) >= self.hang_after:
+                self.stop()
+                self._drain()
+                raise doctor.RanksHang(doctor.hang_report(statuses, codes, self.hang_after))
+
+    def _echo_waiting(self) -> set[int]:
+        """Echo the lines that came within POLL seconds; the ranks that wrote them."""
+        printed: set[int] = set()
+        try:
+            rank, line, stream = self._lines.get(timeout=POLL)
+        except queue.Empty:
+            return printed
+        while True:
+            self.echo(rank, line, stream)
+            printed.add(rank)
+            try:
+                rank, line, stream = self._lines.get_nowait()
+            except queue.Empty:
+                return printed
+
+    def _drain(self) -> None:
+        """The output the ranks wrote before they exited (their pipes close at exit)."""
+        for reader in self._readers:
+            reader.join(timeout=2.0)
+        while True:
+            try:
+                self.echo(*self._lines.get_nowait())
+            except queue.Empty:
+                return
+
+    # --- stopping ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Every rank and what it started killed and waited for; idempotent."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for process in self.processes.values():
+            process.wait()
+            # The session may hold more (DataLoader workers): gone with the group's kill.
+            _kill_session(process.pid)
+
+
+def _kill_session(leader: int) -> None:
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _print(rank: int, line: str, stream: str) -> None:
+    print(f"[rank {rank}] {line}", file=sys.stderr if stream == "stderr" else sys.stdout,
+          flush=True)

@@ -1,0 +1,279 @@
+"""`%singlecard cpu --ranks N`: `%run` runs the script as N real ranks of a gloo world.
+
+The jobs are scripts in the shape of real ones (tests/scripts/ranks_*.py): a rank-0-only
+parameter change found by compare_ranks(), an extra all_reduce on rank 0 found by the hang
+doctor, a rank that raises, an NCCL job on a described GPU pin. After every run, also a failed,
+hung or interrupted one, no rank process, no listening port and no rank command line is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import magic_error
+
+from singlecard_nb.ranks import launch
+from singlecard_nb.ranks.doctor import RankFailed, RanksHang
+from singlecard_nb.ranks.run import RankJob
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).with_name("scripts")
+JOBS = ROOT / "notebooks" / "scripts"  # the jobs the notebook runs too
+FOUR_GPUS = Path(__file__).with_name("machines") / "four_gpus.json"
+
+
+def _line(script: str, marker: str) -> int:
+    lines = (JOBS / script if (JOBS / script).exists() else SCRIPTS / script).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+
+def _rank_processes(folder: str) -> list[int]:
+    """Processes whose command line names this run's folder (every rank has it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The ranks each `%run` planned (their folder and port), to look for leftovers after."""
+    plans: list[list[launch.Rank]] = []
+    original = launch.plan
+
+    def plan(*args, **kwargs):
+        plans.append(original(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(launch, "plan", plan)
+    return plans
+
+
+def _nothing_left(plans) -> None:
+    for ranks in plans:
+        folder = ranks[0].argv[ranks[0].argv.index("--ranks-dir") + 1]
+        assert _rank_processes(folder) == [], "a rank outlived its run"
+        assert not _listening(int(ranks[0].environ["MASTER_PORT"])), "the port is still open"
+    try:
+        assert os.waitpid(-1, os.WNOHANG) == (0, 0), "an exited rank was never waited for"
+    except ChildProcessError:
+        pass  # no child at all
+
+
+@pytest.fixture
+def ip(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.chdir(ROOT)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "singlecard_nb")
+    yield shell
+    shell.run_line_magic("unload_ext", "singlecard_nb")
+
+
+# --- what is started, and the magic's words -----------------------------------------------------
+def test_each_rank_gets_torchrun_variables_and_each_run_a_free_port():
+    notebook = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29999", "HOME": "/h"}
+    first = launch.plan(4, "cpu", "/tmp/run", ["train.py", "--lr=1"], environ=notebook)
+    second = launch.plan(4, "cpu", "/tmp/run", ["train.py"], environ=notebook)
+    assert [(r.environ["RANK"], r.environ["LOCAL_RANK"]) for r in first] == [
+        (str(k), str(k)) for k in range(4)]
+    assert {r.environ["WORLD_SIZE"] for r in first} == {"4"}
+    assert {r.environ["MASTER_ADDR"] for r in first} == {"127.0.0.1"}
+    ports = {r.environ["MASTER_PORT"] for r in first} | {r.environ["MASTER_PORT"] for r in second}
+    assert len(ports) == 2 and "29999" not in ports  # one port per run, never the notebook's
+    assert first[0].argv[-2:] == ("train.py", "--lr=1") and "--device" in first[0].argv
+
+
+def test_bad_ranks_change_nothing(ip):
+    import singlecard_nb as scn
+
+    error = magic_error(ip, "%singlecard cpu --ranks 0")
+    assert "--ranks" in str(error) and "got 0" in str(error)
+    error = magic_error(ip, "%singlecard cpu --hang-after 5")
+    assert "--hang-after goes with --ranks N" in str(error)
+    error = magic_error(ip, "%singlecard cpu --ranks 2 --hang-after 0")
+    assert "expected seconds above 0, got 0" in str(error)
+    assert scn.current() is None  # nothing pinned by a refused line
+
+
+def test_ranks_1_is_a_world_of_one_again(ip, capsys):
+    from singlecard_nb.notebook import lazy_magics
+
+    real = lazy_magics.resolved(ip, "line", "run")
+    ip.run_cell("%singlecard cpu --ranks 3 --hang-after 20")
+    ip.run_cell("%singlecard status")
+    assert "Ranks: 3" in capsys.readouterr().out
+    assert ip.magics_manager.magics["line"]["run"] is not real
+    ip.run_cell("%singlecard cpu --ranks 1")
+    ip.run_cell("%singlecard status")
+    out = capsys.readouterr().out
+    assert "Ranks: 1 again" in out and "Ranks: 1 (%run runs in this process" in out
+    assert ip.magics_manager.magics["line"]["run"] is real
+
+
+def test_nccl_on_a_described_gpu_pin_becomes_gloo_said_once(ip, launched, monkeypatch, capsys):
+    monkeypatch.setenv("SINGLECARD_NB_MACHINE", str(FOUR_GPUS))
+    ip.run_cell("%singlecard 2 --ranks 2")
+    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_nccl.py'}")
+    assert result.error_in_exec is None
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    assert "GPU-8a1b0c9d-7e6f-4a5b-8c7d-6e5f4a3b2c1d" in launched[0][0].argv  # the pinned card
+    assert "[rank 0] backend gloo world 2 sum 3" in out and "[rank 1] backend gloo world 2 sum 3" in out
+    said = [line for line in err.splitlines() if "uses gloo instead of nccl" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0]")
+    assert "the 2 ranks share one GPU (NCCL refuses two ranks on one card)" in said[0]
+    _nothing_left(launched)
+
+
+# --- real jobs ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_rank_0_only_parameter_change_is_found_by_compare_ranks(ip, launched, capsys):
+    import singlecard_nb as scn
+
+    ip.run_cell("%singlecard cpu --ranks 3")
+    ip.run_cell("%inspect all --params")
+    result = ip.run_cell(f"%run {JOBS / 'ranks_desync.py'} 2")
+    assert result.error_in_exec is None
+    out = capsys.readouterr().out
+    losses = {k: re.search(rf"\[rank {k}\] val loss ([\d.]+)", out) for k in range(3)}
+    assert all(losses.values()), out
+    assert losses[0][1] != losses[1][1] == losses[2][1]  # rank 0's model went its own way
+    assert list(scn.inspectors()) == [f"Sequential[rank {k}]" for k in range(3)]
+    comparison = scn.compare_ranks()  # no argument: the last run's ranks
+    assert comparison.odd == 0
+    assert repr(comparison).startswith("rank 0 is the odd one (ranks 1, 2 agree with each other)"), repr(comparison)
+    assert "'2' (Linear) param weight" in repr(comparison)
+    _nothing_left(launched)
+
+
+@pytest.mark.slow
+def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
+    ip.run_cell("%singlecard cpu --ranks 3 --hang-after 3")
+    started = time.monotonic()
+    result = ip.run_cell(f"%run {JOBS / 'ranks_hang.py'}")
+    assert isinstance(result.error_in_exec, RanksHang)
+    message = str(result.error_in_exec)
+    line = _line("ranks_hang.py", "HANG_LINE")
+    assert f"rank 0: waits in all_reduce at ranks_hang.py:{line}" in message, message
+    assert f"ranks 1, 2 never arrived at the all_reduce that rank 0 waits in at " \
+           f"ranks_hang.py:{line}" in message
+    assert "no rank made progress for 3 s" in message
+    assert time.monotonic() - started < 60
+    _nothing_left(launched)
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys):
+    result = ip.run_cell("%singlecard cpu --ranks 2")
+    result = ip.run_cell(f"%run {SCRIPTS / 'ranks_raise.py'}")
+    assert isinstance(result.error_in_exec, RankFailed)
+    message = str(result.error_in_exec)
+    line = _line("ranks_raise.py", "RAISE_LINE")
+    assert message.startswith("rank 1 failed: ValueError: bad batch on rank 1: labels out of "
+                              f"range at ranks_raise.py:{line}"), message
+    err = capsys.readouterr().err
+    assert "[rank 1] ValueError: bad batch on rank 1" in err  # its own traceback, under its rank
+    assert f'[rank 1]   File "{SCRIPTS / "ranks_raise.py"}", line {line}' in err
+    _nothing_left(launched)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    ranks = launch.plan(2, "cpu", str(tmp_path), [str(script)])
+
+    def echo(rank, line, stream):
+        if line == "started":
+            raise KeyboardInterrupt  # what Ctrl-C raises in the notebook's main thread
+
+    with pytest.raises(KeyboardInterrupt):
+        RankJob(ranks, str(tmp_path), echo=echo).run()
+    _nothing_left([ranks])
+
+
+def _torchrun(ranks: int, *command: str) -> list[str]:
+    import sys
+
+    # --tee 3: each line prefixed with its rank ("[default1]:"), as ours are ("[rank 1] ")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--tee", "3",
+            f"--nproc_per_node={ranks}", *command]
+
+
+def _losses(text: str, prefix: str, pattern: str) -> dict[int, list[str]]:
+    """Each rank's loss figures, in order."""
+    found: dict[int, list[str]] = {}
+    for rank, loss in re.findall(prefix + pattern, text):
+        found.setdefault(int(rank), []).append(loss)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, ranks, args, pattern, reference", [
+    # nanoGPT-shaped, gloo on the CPU: plain torchrun runs it as written
+    ("train.py", 2, ["--max_iters=3"], r"iter \d: loss ([\d.]+)", "plain"),
+    # the DDP tutorial is written for GPUs (set_device, nccl): torchrun starts the same rank
+    # command a %run starts (python -m singlecard_nb --device cpu --ranks-dir), so what is
+    # compared is torchrun's launching against ours
+    ("multigpu_torchrun.py", 4, ["1", "1", "--batch_size", "256"],
+     r"\[GPU\d\] Epoch \d .* loss ([\d.]+)", "child"),
+], ids=["nanogpt-2-ranks", "ddp-tutorial-4-ranks"])
+def test_losses_are_torchruns(ip, launched, tmp_path, capsys, script, ranks, args, pattern,
+                              reference):
+    import subprocess
+
+    path = ROOT / "notebooks" / "scripts" / script
+    ours_args, theirs_args = args, args
+    if script == "multigpu_torchrun.py":  # each its own snapshot: a snapshot is resumed from
+        ours_args = [*args, "--snapshot_path", str(tmp_path / "ours.pt")]
+        theirs_args = [*args, "--snapshot_path", str(tmp_path / "theirs.pt")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    env["PYTHONPATH"] = str(ROOT)
+    command = ([str(path), *theirs_args] if reference == "plain" else
+               ["-m", "singlecard_nb", "--device", "cpu", "--ranks-dir", str(tmp_path),
+                str(path), *theirs_args])
+    theirs = subprocess.Popen(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ip.run_cell(f"%singlecard cpu --ranks {ranks}")
+    result = ip.run_cell(f"%run {path} {' '.join(ours_args)}")
+    out = capsys.readouterr().out
+    text, _ = theirs.communicate(timeout=240)
+    assert result.error_in_exec is None and theirs.returncode == 0, text[-2000:]
+    ours = _losses(out, r"\[rank (\d)\] ", pattern)
+    assert sorted(ours) == list(range(ranks)) and all(ours.values()), out
+    assert ours == _losses(text, r"\[default(\d)\]:", pattern)
+    _nothing_left(launched)
+
+
+@pytest.mark.gpu
+def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
+    ip.run_cell("%singlecard 0 --ranks 2")
+    result = ip.run_cell(f"%run {JOBS / 'ranks_desync.py'} 2")
+    assert result.error_in_exec is None
+    captured = capsys.readouterr()
+    assert "the 2 ranks share one GPU (NCCL refuses two ranks on one card)" in captured.err
+    losses = [re.search(rf"\[rank {k}\] val loss ([\d.]+)", captured.out) for k in range(2)]
+    assert all(losses) and losses[0][1] != losses[1][1], captured.out
+    _nothing_left(launched)
