@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from ..borrow import Borrowed
+from .arguments import inspect_options
 
 
 def inspect_all_line(magics: Any, args: Any) -> None:
@@ -43,7 +44,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
             print(f"{name}: {insp!r}")  # a summary does not name its model
             display(insp.summary())
         return None
-    options = magics._inspect_options(args)  # the same options, checked the same way, as %inspect
+    options = inspect_options(args)  # the same options, checked the same way, as %inspect
     try:
         new = Discovery(**options)
     except (TypeError, ValueError) as e:
@@ -54,7 +55,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
         finder.stop()
     magics.finder = new.start()
     _clean_runs(magics, new)
-    magics._start_flushing()
+    magics.start_flushing()
     return None
 
 
