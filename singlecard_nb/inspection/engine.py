@@ -9,8 +9,8 @@ shown in `results.py`. Its parts, one module each in `recording/`: the call trac
 the open call, steps, `every`), the recorder (`recorder.py`: tensors of the pending step), the
 store (`store.py`: steps on the host), and the attach owner (`attach.py`: every hook and patch,
 whose state is `active`). Statistics are taken on the tensor's device (`kernel/stats.py`) and
-reach the host once per step. No activation is
-referenced after its hook returns, and a stopped inspector holds its model only weakly.
+reach the host once per step. No activation is referenced after its hook returns, and a stopped
+inspector holds its model only weakly.
 """
 
 from __future__ import annotations
