@@ -27,8 +27,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ...borrow import Borrowed
-from .. import engine
-from ..engine import Inspector
+from ..engine import Inspector, recording_inspector
 from ..recording.calls import calls_on_stack
 from ..recording.compile_watch import compile_listeners
 from .model_rules import (
@@ -236,14 +235,12 @@ class Discovery:
         if not fresh:
             return  # its hooks were there before this call began: they record it
         if outer is not None:
-            insp._attach.end_probes()
-            if method is not None and insp.model is outer:
-                insp._calls.open_midway(method)  # this training_step is step 0
+            insp.found_in_method(method if insp.model is outer else None)
         elif candidate is model and insp.model is model:
-            # Found in this call's pre-hooks: torch has taken the list of the model's own
-            # pre-hooks already, so the step this call is begins here (its root hook, added
-            # to the module's forward hooks, which torch reads after forward, ends it).
-            insp._calls.on_root_pre(model, args, call_kwargs(sys._getframe(2)))
+            # Found in this call's pre-hooks: the step this call is begins here (its root
+            # hook, added to the module's forward hooks, which torch reads after forward,
+            # ends it).
+            insp.found_in_call(args, call_kwargs(sys._getframe(2)))
 
     def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
         """The model's inspector, and whether it is new: a model the user inspects already
@@ -252,8 +249,8 @@ class Discovery:
         self._names[name] += 1
         if self._names[name] > 1:
             name = f"{name}#{self._names[name]}"
-        insp = engine._active.get(id(inner))
-        fresh = insp is None or insp.model is not inner
+        insp = recording_inspector(inner)
+        fresh = insp is None
         if fresh:
             insp = Inspector(model, **self.options).start()
         else:

@@ -66,11 +66,12 @@ class Recorder:
 
     active: whether the inspector's hooks are attached (a gradient hook of a stopped inspector
         that still fires records nothing).
+    memory: memory=True's ledger (its owner is the Inspector's memory part), or None.
     """
 
     def __init__(self, store: Store, diagnostics: Diagnostics, lock: threading.RLock,
                  active: Callable[[], bool], *, inputs: bool | str, trap: bool, grads: bool,
-                 exact_std: bool, hist_bins: int):
+                 exact_std: bool, hist_bins: int, memory: MemoryLedger | None = None):
         self.inputs, self.trap, self.grads = inputs, trap, grads
         self.exact_std, self.hist_bins = exact_std, hist_bins
         self.step = -1  # the step the pending rows belong to; the call tracker advances it
@@ -86,7 +87,7 @@ class Recorder:
         self._tensor_hooks: list = []  # gradient hooks put on this step's tensors
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
-        self.memory: MemoryLedger | None = None  # memory=True (the engine sets it)
+        self.memory = memory
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
 
     def begin_step(self) -> int:

@@ -156,10 +156,8 @@ class LiveView:
     def rows(self, search: str | None = None) -> list[Row]:
         """The rows shown, in the view's order (groups collapsed); with `search`, the modules
         matching it (path or type, substring or glob), ungrouped."""
-        # The store's records, read once each: a draw costs the steps since the last draw.
-        # (A sibling's parts, read as the heatmap reads history(): flush the pending step first.)
-        self.insp._recorder.flush()
-        self._tracks.feed(self.insp._store.snapshot())
+        # The recorded steps, read once each: a draw costs the steps since the last draw.
+        self._tracks.feed(self.insp.records())
         rows = ranking.rank(self._tracks)
         return ranking.search(rows, search) if search else rows
 
