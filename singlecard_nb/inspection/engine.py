@@ -83,6 +83,7 @@ class Inspector:
                                   install_hook=self._attach.install_hook,
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes)
+        self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
         # memory=True: what each module saved for backward and returned (memory.py)
         self._memory = (MemoryWatch(model, self._calls, self._recorder, self._diagnostics)
@@ -278,13 +279,15 @@ class Inspector:
         return live_view(self)
 
     def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
-             top: int = 40):
+             top: int = 40, io: str = "output"):
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
         marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
-        first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
+        first step. top: rows shown, those the ranking puts first (see `plots.heatmap`).
+        io: "output", "input", "grad"; per parameter "param", "param_grad", "step_grad",
+        "update" (params=True / grads=True)."""
         from .views.plots import heatmap
 
-        return heatmap(self, stat, training=training, relative=relative, top=top)
+        return heatmap(self, stat, io, training=training, relative=relative, top=top)
 
     def hist(self, modules=None, bins: int | None = None):
         """Histograms of activation values of `modules` (globs), computed on the device.
@@ -319,6 +322,23 @@ class Inspector:
         state = "active" if self.active else "stopped"
         return (f"<Inspector {self._model_name}: {state}, {len(self._calls.targets)} modules, "
                 f"{self.steps_recorded} steps recorded, {self._store.row_count} rows>")
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first (`causes/`): every
+        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
+        from .views.ranking import Tracks, findings
+
+        self._recorder.flush()
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return findings(tracks, top)
+
+    def _first_grown(self) -> str | None:
+        from .causes import Tracks, first_grown
+
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return first_grown(tracks)
 
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None
