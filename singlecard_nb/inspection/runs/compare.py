@@ -77,7 +77,9 @@ class RankComparison:
     """Every rank of a job against the lowest rank, on what DDP keeps identical.
 
     first: the earliest `Divergence` (its `rank` says which rank differs), or None. ranks: the
-    ranks that differ from the reference rank. pairs: rank -> its `Comparison`.
+    ranks that differ from the reference rank. pairs: rank -> its `Comparison`. odd: the ranks
+    the majority names as the odd ones (with 3 or more ranks: the reference itself when every
+    other rank differs from it); empty with two ranks, where no majority can say which is wrong.
     """
 
     def __init__(self, frame, stats, rtol: float, atol: float, inputs: bool | str):
@@ -107,9 +109,14 @@ class RankComparison:
                                               labels=(f"rank {self.reference}", f"rank {rank}"))
         self.ranks = [r for r, c in self.pairs.items() if c.first is not None]
         self.first = None
+        self.odd: list[int] = []
         if self.ranks:
             rank = min(self.ranks, key=lambda r: (self.pairs[r]._first_order, r))
             self.first = dataclasses.replace(self.pairs[rank].first, rank=rank)
+            if len(self.all_ranks) >= 3:
+                # every other rank differs from the reference: the reference is the odd one
+                everyone = len(self.ranks) == len(self.all_ranks) - 1
+                self.odd = [self.reference] if everyone else list(self.ranks)
 
     def _expected_equal(self, reference, other, rank: int, inputs: bool | str):
         """The rows DDP keeps equal: state rows always; the rest of a step when the model's
@@ -158,11 +165,16 @@ class RankComparison:
         if self.first is None:
             return (f"all {len(self.all_ranks)} ranks agree with rank {self.reference} within "
                     f"rtol={self.rtol:g}, atol={self.atol:g}")
-        others = ", ".join(str(r) for r in self.ranks)
-        who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
         first = dataclasses.replace(self.first, rank=None)
-        return (f"{who} from rank {self.reference}; first divergence, on rank "
-                f"{self.first.rank}: {first}")
+        if len(self.all_ranks) == 2:
+            a, b = self.all_ranks
+            return (f"rank {a} and rank {b} differ (two ranks: no majority says which one is "
+                    f"wrong); first divergence: {first}")
+        rest = [r for r in self.all_ranks if r not in self.odd]
+        odd = ", ".join(str(r) for r in self.odd)
+        who = f"ranks {odd} differ" if len(self.odd) > 1 else f"rank {odd} differs"
+        return (f"{who} from the majority (ranks {', '.join(map(str, rest))}); first "
+                f"divergence, between rank {self.reference} and rank {self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
         parts = [f"<div class='singlecard-compare-ranks {theme.NO_MATH_CLASSES}'><p><b>"
