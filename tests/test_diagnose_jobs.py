@@ -242,3 +242,28 @@ def test_compare_ranks_names_the_odd_rank_by_majority(monkeypatch, odd):
 def test_compare_ranks_with_two_ranks_does_not_blame_one(monkeypatch):
     result = scn.compare_ranks(_job(monkeypatch, 0, 2))
     assert result.odd == [] and repr(result).startswith("rank 0 and rank 1 differ")
+
+
+class _Blowup(nn.Module):
+    """Finite until step 1, then log of a negative number."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.log(x - 10) if self.calls > 1 else x
+
+
+def test_the_block_panel_leaves_modules_that_did_not_run_blank():
+    blocks = [nn.Sequential(nn.Linear(4, 4), nn.Identity()) for _ in range(6)]
+    blocks[2][1] = _Blowup()
+    model = nn.Sequential(*blocks)
+    with pytest.raises(NonFiniteError), scn.inspect(model, trap=True) as insp:
+        for _ in range(2):
+            model(torch.randn(2, 4))
+    panel = insp.plot().axes[1]  # block × module, latest step: blocks 3-5 never ran in it
+    red = [image for image in panel.images if image.get_array().count() < image.get_array().size]
+    painted = {int(i) for image in red[1:] for i, _ in zip(*(~image.get_array().mask).nonzero())}
+    assert painted and max(painted) <= 2, painted
