@@ -168,7 +168,7 @@ def test_include_subset_and_grads_only_in_one_run_are_named():
     notes = "\n".join(cmp.notes)
     assert "modules only in a: '', '2', '3', '4'" in notes
     # the root's input is not in the subset either
-    assert "io 'grad', 'input', 'param', 'param_grad', 'step_grad' only in a (recorded with " \
+    assert "io 'grad', 'input', 'param', 'param_grad', 'step_grad', 'update' only in a (recorded with " \
            "grads=True / params=True)" in notes
 
 

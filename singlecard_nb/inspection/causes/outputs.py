@@ -103,7 +103,9 @@ def _overflow(t: Track, upstream: Track | None) -> str:
         fed = f" from a finite input ({upstream.path or '(root)'}: absmax {num(last[ABSMAX])})"
     counted = " ".join(p for p in (f"NaN ×{first[NAN]}" * bool(first[NAN]),
                                    f"Inf ×{first[INF]}" * bool(first[INF])) if p)
-    born = f"; first {counted} at step {t.bad_step}{fed}"
+    now = t.entries[-1][STEP]
+    born = f"; first {counted} at step {t.bad_step}{fed}" if t.bad_step != now else \
+        f"; born here{fed}"
     limit = DTYPE_MAX.get(t.dtype)
     if limit is not None:
         before = [e[ABSMAX] for e in t.entries if e[STEP] < t.bad_step]

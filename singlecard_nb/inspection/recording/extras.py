@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+MIN_SAMPLES = 16  # values per channel for its statistics to mean something
 MAX_CHANNELS = 4096  # wider inputs (a sequence's embedding dimension) are not split
 SNAPSHOT_BYTES = 256 << 20  # parameters copied before an optimiser step, per step, at most
 
@@ -23,8 +24,8 @@ def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
     if not t.is_floating_point() or t.dim() not in (2, 4) or t.shape[0] == 0:
         return None
     channels = t.shape[1]
-    if not 2 <= channels <= MAX_CHANNELS or t.numel() == 0:
-        return None
+    if not 2 <= channels <= MAX_CHANNELS or t.numel() < MIN_SAMPLES * channels:
+        return None  # a handful of samples per channel: their spread says nothing yet
     with torch.no_grad():
         x = t.detach().transpose(0, 1).reshape(channels, -1).float()
         std, mean = torch.std_mean(x, dim=1, correction=0)

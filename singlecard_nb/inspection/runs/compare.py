@@ -34,7 +34,7 @@ __all__ = ["Comparison", "Divergence", "RankComparison", "STATE_IO", "as_frame",
 
 # What DDP keeps identical on every rank: parameters after each optimiser step and the gradients
 # the step used (after the all-reduce). Recorded by inspect(model, params=True).
-STATE_IO = ("param", "step_grad")
+STATE_IO = ("param", "step_grad", "update")  # update: Δw of the step, equal under DDP too
 
 
 def as_frame(x: Any):
