@@ -267,3 +267,22 @@ def test_the_block_panel_leaves_modules_that_did_not_run_blank():
     red = [image for image in panel.images if image.get_array().count() < image.get_array().size]
     painted = {int(i) for image in red[1:] for i, _ in zip(*(~image.get_array().mask).nonzero())}
     assert painted and max(painted) <= 2, painted
+
+
+def test_a_view_sized_by_the_global_batch_is_connected_to_the_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched by torchrun with 2 processes
+
+    class Patches(nn.Module):
+        def __init__(self, batch_size):
+            super().__init__()
+            self.batch_size, self.proj = batch_size, nn.Linear(8, 8)
+
+        def forward(self, x):
+            world_size = int(__import__("os").environ["WORLD_SIZE"])
+            return self.proj(x.view(self.batch_size * world_size, 8, 8))
+
+    model = Patches(batch_size=4)
+    with pytest.raises(RuntimeError) as caught:
+        model(torch.randn(4, 64))
+    hint = scn.explain(caught.value).hint
+    assert "8 is 4 × 2, the global batch" in hint and "x.size(0)" in hint
