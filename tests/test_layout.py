@@ -28,11 +28,12 @@ INSPECTION_SHARED = ("options", "targets", "diagnostics")
 INSPECTION_FACADE = ("engine", "results")
 INSPECTION_ROOMS = {
     "finding": {"facade", "recording", "shared"},
-    "facade": {"recording", "kernel", "memory", "views", "runs", "shared"},
+    "facade": {"recording", "kernel", "memory", "views", "causes", "runs", "shared"},
     "recording": {"kernel", "memory", "shared"},
     "memory": {"shared"},
-    "views": {"shared"},  # works from recorded rows, never from the recording machinery
-    "runs": {"views", "shared"},  # frames and record files only: nothing of a live recording
+    "views": {"causes", "shared"},  # works from recorded rows, never from the recording machinery
+    "causes": set(),  # the ranking's rules: plain Python over recorded series
+    "runs": {"views", "causes", "shared"},  # frames and record files only: nothing of a live recording
     "kernel": set(),
     "shared": set(),
     "face": set(),  # inspection/__init__.py

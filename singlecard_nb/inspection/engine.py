@@ -86,6 +86,7 @@ class Inspector(InspectorResults):
                                   install_hook=self._attach.install_hook,
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes, memory=ledger)
+        self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -199,6 +200,23 @@ class Inspector(InspectorResults):
         state = "active" if self.active else "stopped"
         return (f"<Inspector {self._model_name}: {state}, {len(self._calls.targets)} modules, "
                 f"{self.steps_recorded} steps recorded, {self._store.row_count} rows>")
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first (`causes/`): every
+        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
+        from .views.ranking import Tracks, findings
+
+        self._recorder.flush()
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return findings(tracks, top)
+
+    def _first_grown(self) -> str | None:
+        from .causes import Tracks, first_grown
+
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return first_grown(tracks)
 
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None

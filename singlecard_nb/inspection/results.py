@@ -133,13 +133,25 @@ class InspectorResults:
         return live_view(self)
 
     def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
-             top: int = 40):
+             top: int = 40, io: str = "output"):
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
         marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
-        first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
+        first step. top: rows shown, those the ranking puts first (see `plots.heatmap`).
+        io: "output", "input", "grad"; per parameter "param", "param_grad", "step_grad",
+        "update" (params=True / grads=True)."""
         from .views.plots import heatmap
 
-        return heatmap(self, stat, training=training, relative=relative, top=top)
+        return heatmap(self, stat, io, training=training, relative=relative, top=top)
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first (`causes/`): every
+        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
+        from .views.ranking import Tracks, findings
+
+        self._recorder.flush()
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return findings(tracks, top)
 
     def hist(self, modules=None, bins: int | None = None):
         """Histograms of activation values of `modules` (globs), computed on the device.

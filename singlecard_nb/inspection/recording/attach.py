@@ -87,6 +87,21 @@ class _OptimizerListeners(Listeners):
 _optimizer_listeners = _OptimizerListeners()
 
 
+class _OptimizerPreListeners(_OptimizerListeners):
+    """The same, just before each optimiser step (params=True: parameters copied for Δw)."""
+
+    name = "inspect: optimizer step pre-hook"
+
+    def install(self, owner: Borrowed) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        owner.add_handle(register_optimizer_step_pre_hook(eager(self._dispatch)),
+                         "optimizer step pre-hook (all params=True inspectors)")
+
+
+_optimizer_pre_listeners = _OptimizerPreListeners()
+
+
 class Attachment:
     """The hooks and patches of one inspector; `active` is whether its owner holds them."""
 
@@ -305,10 +320,17 @@ class Attachment:
             if self.active and calls.recording:
                 recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
 
+        def before_optimizer_step(optimizer, args, kwargs) -> None:
+            if self.active and calls.recording:
+                recorder.before_optimizer_step(optimizer, param_targets)
+
         _optimizer_listeners.add(on_optimizer_step)
+        _optimizer_pre_listeners.add(before_optimizer_step)
 
         def remove() -> None:
             _optimizer_listeners.discard(on_optimizer_step)
+            _optimizer_pre_listeners.discard(before_optimizer_step)
+            recorder.snapshots.clear()
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:
                 warnings.warn(

@@ -25,6 +25,7 @@ from ..diagnostics import Diagnostics
 from ..kernel.stats import VALUES, StepStats, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
 from ..targets import Target
+from .extras import Snapshots, channel_stats, channels_to_host, param_groups
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
 
@@ -54,6 +55,8 @@ class _Pending:
         self.stats = StepStats(exact_std)
         self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
+        self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
+        self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
 
 
 class Recorder:
@@ -89,6 +92,10 @@ class Recorder:
         self._recomputed_task = -1
         self.memory = memory
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
+        self.snapshots = Snapshots(diagnostics.say)  # params=True: parameters before a step
+        # what the trap adds when a module's own weights are already non-finite (the engine
+        # asks the ranking: the first parameter that grew)
+        self.trap_cause: Callable[[], str | None] | None = None
 
     def begin_step(self) -> int:
         """The pending step reaches the host and the next one begins; returns its number."""
@@ -188,10 +195,12 @@ class Recorder:
             full = len(pending.rows) >= pending.max_rows
             if target.hist and io == "output" and slot is not None and t.numel():
                 self.guarded(self._take_histogram, target, t)
+            if io == "input" and not target.path and call == 0 and slot is not None:
+                self.guarded(self._take_channels, target, index, t)
         if full:  # steps="manual" without step(): pending rows stay bounded too
             self.flush()
         if values is not None:
-            self._check_finite(target, call, io, index, values, inputs)
+            self._check_finite(target, call, io, index, values, inputs, dtype, target.ref())
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
 
@@ -201,7 +210,8 @@ class Recorder:
         saved, self._call_saved = self._call_saved, 0.0  # the call's first output row has it
         return self.memory.output(t, target.path), saved, peak_bytes(t)
 
-    def _check_finite(self, target, call, io, index, values, inputs) -> None:
+    def _check_finite(self, target, call, io, index, values, inputs, dtype=None,
+                      module=None) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
         nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
@@ -211,11 +221,21 @@ class Recorder:
                 inputs_finite = all(
                     bool(torch.isfinite(t).all()) for _, t in walk_tensors(inputs)
                     if reducible(t) and (t.is_floating_point() or t.is_complex()))
+            bad_params = [name for name, p in (module.named_parameters(recurse=False)
+                                               if module is not None else ())
+                          if p.is_floating_point() and not bool(torch.isfinite(p).all())]
             self.flush()
+            cause = self.trap_cause() if bad_params and self.trap_cause is not None else None
             # The trap: this module's output holds NaN/Inf. The explanation under the traceback
             # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
-                                 nan, inf, inputs_finite)
+                                 nan, inf, inputs_finite, dtype=dtype_name(dtype),
+                                 bad_params=bad_params, cause=cause)
+
+    def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
+        stats = channel_stats(t)
+        if stats is not None:
+            self.pending.channels[index or "[0]"] = (tuple(t.shape), stats)
 
     def _take_histogram(self, target: Target, t: torch.Tensor) -> None:
         values = torch.nan_to_num(t.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
@@ -275,13 +295,20 @@ class Recorder:
             handle.remove()
 
     # --- optimiser steps (params=True) ------------------------------------------------------
+    def before_optimizer_step(self, optimizer, param_targets: dict) -> None:
+        """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
+        self.guarded(self.snapshots.take, optimizer, param_targets)
+
     def record_optimizer_step(self, optimizer, param_targets: dict, buffer_modules: list) -> None:
-        """The parameters `optimizer` updated (and the gradients it used); the buffers once per
-        step, after its first optimiser step, when this step's forward has updated them."""
+        """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
+        the buffers once per step, after its first optimiser step, when this step's forward has
+        updated them; the param groups' lr and weight decay."""
         mine = [(p, *param_targets[id(p)]) for group in optimizer.param_groups
                 for p in group["params"] if id(p) in param_targets]
         if mine:
             self.optimizer_steps += 1
+            with self._lock:
+                self.pending.optimizer[id(optimizer)] = param_groups(optimizer, param_targets)
             if "buffers" not in self.calls:  # once per step (calls is cleared at each)
                 self.calls["buffers"] = 1
                 for target, module in buffer_modules:
@@ -298,6 +325,10 @@ class Recorder:
             if param.grad is not None:
                 self.guarded(self.record_tensor, target, call, "step_grad", name, param.grad,
                              training)
+            update = self.snapshots.update(param)
+            if update is not None:
+                self.guarded(self.record_tensor, target, call, "update", name, update, training)
+        self.snapshots.clear()
 
     # --- to the host ------------------------------------------------------------------------
     def flush(self) -> None:
@@ -316,5 +347,20 @@ class Recorder:
                 self._failed(e, f"statistics of step {rows[0][0]}")
                 values = np.full((n, len(VALUES)), np.nan)
             memory = np.array(pending.memory[:n], dtype=float) if self.memory else None
-            self._store.receive(rows, values, pending.hists, memory)
+            extras = self._extras(pending, rows[0][0])
+            self._store.receive(rows, values, pending.hists, memory, extras)
         self._store.tell_listeners()
+
+    def _extras(self, pending: _Pending, step: int) -> dict | None:
+        """What the step holds beside its rows, by name (channels cross to the host here)."""
+        if not pending.channels and not pending.optimizer:
+            return None
+        extras: dict = {"step": step}
+        try:
+            if pending.channels:
+                extras["channels"] = channels_to_host(pending.channels)
+        except Exception as e:
+            self._failed(e, f"input channels of step {step}")
+        if pending.optimizer:
+            extras["optimizer"] = [g for groups in pending.optimizer.values() for g in groups]
+        return extras

@@ -190,8 +190,10 @@ def text_table(rows: list[Row], head: str, top: int) -> str:
     for i, r in enumerate(rows[:top], 1):
         group = f"  [worst of {r.label}, {len(r.members)}]" if r.is_group else ""
         why = f"  {r.why}" if r.why else ""
+        kind = "" if r.kind == "output" else f"[{r.kind}] "
+        value = "" if r.kind == "optimizer" else f"absmax={_num(r.absmax):<9}"
         lines.append(f"{i:>3} {(r.path or '(root)'):<{width}} {shape(r.shape):<14} "
-                     f"absmax={_num(r.absmax):<9}{why}{group}")
+                     f"{kind}{value}{why}{group}")
     if len(rows) > top:
         lines.append(f"  … {len(rows) - top} more rows")
     return "\n".join(lines)
