@@ -11,7 +11,6 @@ eagerly while inspected (compiled code bypasses module hooks).
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 from collections.abc import Callable
 
@@ -67,46 +66,23 @@ class _OptimizerListeners(Listeners):
 
     torch iterates its table of global optimiser hooks during `optimizer.step()`; a hook
     registered or removed meanwhile from another thread raises "OrderedDict mutated during
-    iteration" in the training thread. So the table changes only where no step can be iterating
-    it: the hook is registered once for all listeners (who come and go as a tuple), and taken
-    out when the last one leaves from the only thread that has stepped an optimiser, outside a
-    step (a notebook, a script: the common case). Where steps ran in another thread it stays,
-    inert, until a later last listener leaves from the stepping thread, or `%unload_ext`.
+    iteration" in the training thread. So the table changes once (the first listener registers
+    this dispatcher, under an owner that `%unload_ext` restores: `keep`), and inspectors
+    starting and stopping only replace the tuple of listeners.
     """
 
     name = "inspect: optimizer step hook"
-    keep = True  # the table changes only in `discard`, where that is safe
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._stepping: set[int] = set()  # threads that have run the dispatcher
-        self._inside = threading.local()  # a step's hooks running in this thread
+    keep = True
 
     def install(self, owner: Borrowed) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        self._stepping = set()
         owner.add_hook(lambda: register_optimizer_step_post_hook(eager(self._dispatch)),
                        "optimizer step hook (all params=True inspectors)")
 
     def _dispatch(self, optimizer, args, kwargs) -> None:
-        self._stepping.add(threading.get_ident())
-        self._inside.depth = getattr(self._inside, "depth", 0) + 1
-        try:
-            for listener in self.listeners:  # a tuple: replaced, never changed, while we loop
-                listener(optimizer, args, kwargs)
-        finally:
-            self._inside.depth -= 1
-
-    def discard(self, listener: Callable) -> None:
-        super().discard(listener)
-        with self._lock:
-            owner = self._owner
-            if (self.listeners or owner is None or getattr(self._inside, "depth", 0)
-                    or not self._stepping <= {threading.get_ident()}):
-                return
-            self._owner = None
-        owner.restore()
+        for listener in self.listeners:  # a tuple: replaced, never changed, while we loop
+            listener(optimizer, args, kwargs)
 
 
 _optimizer_listeners = _OptimizerListeners()
