@@ -28,16 +28,14 @@ def place() -> tuple[int, int]:
 
 
 def _launched() -> tuple[int, int] | None:
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world is None:
+    """torchrun's RANK (and WORLD_SIZE, 1 when unset); None when RANK is unset or no number."""
+    rank = os.environ.get("RANK")
+    if rank is None:
         return None
     try:
-        rank_no, world_no = int(rank), int(world)
+        return max(int(rank), 0), max(int(os.environ.get("WORLD_SIZE", "1") or 1), 1)
     except ValueError:
         return None
-    if world_no < 1 or not 0 <= rank_no < world_no:
-        return None  # no launcher sets these: not to be believed
-    return rank_no, world_no
 
 
 def launched_world_size(environ: Any = None) -> int:

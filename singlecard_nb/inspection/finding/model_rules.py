@@ -32,7 +32,7 @@ def unwrapped(module: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
 
 def has_parameters(module: nn.Module) -> bool:
     """Whether `module` has parameters of real tensors: a copy made of fake tensors
-    (`scn.fit`'s, torch's FakeTensorMode: shapes without memory) is no model."""
+    (`scn.fit`'s: shapes without memory, each with its `fake_mode`) is no model."""
     first = next(module.parameters(), None)
     return first is not None and getattr(first, "fake_mode", None) is None
 
