@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from ..borrow import uninterrupted
 from .diagnostics import Diagnostics
 from .memory.table import MemoryWatch
 from .options import Kept, check_arguments, check_memory
@@ -124,15 +125,20 @@ class Inspector(InspectorResults):
         targets = select_targets(model, self.include, self.exclude, self.hist_patterns,
                                  self._diagnostics.say)
         wrapper = self._wrapper_object()
-        self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
-                            params=self.params, on_detach=self._detached)
-        compile_listeners.add(self._compile_listener)
-        if self._memory is not None:
-            self._memory.started(model, self._attach.listen_to_optimizers)
-        _active[id(model)] = self
-        _latest[id(model)] = self
-        if wrapper is not None:
-            _latest[id(wrapper)] = self
+        try:  # a Ctrl-C (held back until all is attached) or a failure: nothing stays
+            with uninterrupted():
+                self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
+                                    params=self.params, on_detach=self._detached)
+                compile_listeners.add(self._compile_listener)
+                if self._memory is not None:
+                    self._memory.started(model, self._attach.listen_to_optimizers)
+                _active[id(model)] = self
+                _latest[id(model)] = self
+                if wrapper is not None:
+                    _latest[id(wrapper)] = self
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> Inspector:

@@ -22,7 +22,7 @@ from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
 from ...errors import TRAP_FRAME, NonFiniteError
 from ..diagnostics import Diagnostics
-from ..kernel.stats import VALUES, StepStats, reducible
+from ..kernel.stats import VALUES, StepStats, plain, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
 from ..targets import Target
 from .extras import Snapshots, channel_stats, channels_to_host, param_groups
@@ -166,7 +166,8 @@ class Recorder:
         with self._lock:
             pending = self.pending
             slot = None
-            if reducible(t):
+            data = t if type(t) is torch.Tensor else self._plain(t)  # subclasses: their data
+            if data is not None and reducible(t):
                 shape = tuple(t.shape)
                 try:
                     version = t._version
@@ -177,7 +178,7 @@ class Recorder:
                         and cached[1] == version):
                     slot = cached[2]  # a container's output seen again: reuse its statistics
                 else:
-                    slot = pending.stats.add(t, shape, immediate=self.trap)
+                    slot = pending.stats.add(data, shape, immediate=self.trap)
                     if len(self._seen) >= _SEEN_WINDOW:
                         self._seen.clear()
                     self._seen[id(t)] = (weakref.ref(t), version, slot)
@@ -193,16 +194,31 @@ class Recorder:
             if self.memory is not None:
                 pending.memory.append(self._memory_row(target, io, t))
             full = len(pending.rows) >= pending.max_rows
-            if target.hist and io == "output" and slot is not None and t.numel():
-                self.guarded(self._take_histogram, target, t)
+            if target.hist and io == "output" and slot is not None and data.numel():
+                self.guarded(self._take_histogram, target, data)
             if io == "input" and not target.path and call == 0 and slot is not None:
-                self.guarded(self._take_channels, target, index, t)
+                self.guarded(self._take_channels, target, index, data)
         if full:  # steps="manual" without step(): pending rows stay bounded too
             self.flush()
         if values is not None:
             self._check_finite(target, call, io, index, values, inputs, dtype, target.ref())
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
+
+    def _plain(self, t: torch.Tensor) -> torch.Tensor | None:
+        """A subclass's data to reduce (a Parameter's, a DTensor's local shard, a MaskedTensor's
+        values), or None, said once per kind: a row with its shape, without statistics."""
+        try:
+            data = plain(t)
+        except Exception as e:  # a subclass's own method failing: no statistics, said once
+            data, why = None, f"reading it raised {type(e).__name__}: {e}"
+        else:
+            why = "it holds no memory of its own to read (a wrapper subclass)"
+        if data is None:
+            kind = type(t).__name__
+            self._diagnostics.say(f"subclass:{kind}", f"{kind} tensors get rows without "
+                                  f"statistics: {why}. Their shapes and dtypes are recorded.")
+        return data
 
     def _memory_row(self, target: Target, io: str, t: torch.Tensor) -> tuple:
         if io != "output":

@@ -194,6 +194,10 @@ class RankComparison:
     def _headline(self) -> str:
         if not self.pairs:
             return "one rank only: nothing to compare"
+        if self.first is None and not any(c.counts[COMPARED] for c in self.pairs.values()):
+            return (f"nothing compared across the {len(self.all_ranks)} ranks: no row of rank "
+                    f"{self.reference} has its counterpart on another rank (record with "
+                    "params=True, the rows DDP keeps equal, on every rank)")
         if self.first is None:
             return (f"all {len(self.all_ranks)} ranks agree with rank {self.reference} within "
                     f"rtol={self.rtol:g}, atol={self.atol:g}")
