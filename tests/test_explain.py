@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import failure
+from conftest import failure, linear_shape_error
 from torch import nn
 
 import singlecard_nb as scn
@@ -808,7 +808,7 @@ def test_renders_as_text_and_compact_html():
     text = str(exp)
     assert text == repr(exp)
     assert text.splitlines()[0] == "singlecard_nb.explain: Linear 'head.fc' failed"
-    for words in ("error   RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x64 and 32x10)",
+    for words in (f"error   RuntimeError: {linear_shape_error(2, 64, 32, 10)}",
                   "chain   ResNetish › head (Head) › head.fc (Linear)", "inputs  [0] (2, 64) float32 cpu",
                   "params  weight (10, 32) float32 cpu; bias (10,) float32 cpu",
                   "hint    Linear 'head.fc' expects"):
