@@ -3,6 +3,7 @@ graph's saved tensors), mem_out the output's storage, insp.memory() what each mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
