@@ -146,8 +146,9 @@ def test_torch_accelerator_answers_as_torch_cuda_under_cpu():
         assert torch.accelerator.current_accelerator() == torch.device("cpu")
         assert torch.accelerator.current_device_index() == torch.cuda.current_device() == 0
         torch.accelerator.set_device_index(3)  # nothing to select: no error
-        with torch.accelerator.device_index(1):
-            torch.accelerator.synchronize()
+        if hasattr(torch.accelerator, "device_index"):  # the context manager: torch 2.8+
+            with torch.accelerator.device_index(1):
+                torch.accelerator.synchronize()
         assert torch.accelerator.memory_allocated() == 0
         stream = torch.accelerator.current_stream()
         stream.synchronize()
@@ -172,9 +173,10 @@ def test_on_a_described_gpu_pin_a_mesh_too_large_is_refused_before_cuda_starts(m
                                                      r".*torchrun on 8 GPUs") as caught:
         init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
     assert "(1, 1), mesh_dim_names=('dp', 'tp')" in str(caught.value)
-    with pytest.warns(UserWarning, match=r"device_index\(3\) selects cuda:1"):
-        selection = torch.accelerator.device_index(3)  # entering it would start CUDA
-    assert selection.idx == 1  # the rank's card is the pinned card
+    if hasattr(torch.accelerator, "device_index"):  # the context manager: torch 2.8+
+        with pytest.warns(UserWarning, match=r"device_index\(3\) selects cuda:1"):
+            selection = torch.accelerator.device_index(3)  # entering it would start CUDA
+        assert selection.idx == 1  # the rank's card is the pinned card
     assert not torch.cuda.is_initialized()
 
 
