@@ -141,6 +141,19 @@ class Borrowed:
         label = label or f"{getattr(obj, '__name__', type(obj).__name__)}.{name}"
         self._push(("attr", id(obj), name), _read_slot(obj, name), _attr_writer(obj, name), value, label)
 
+    def set_item(self, mapping: MutableMapping[Any, Any], key: Any, value: Any,
+                 label: str) -> None:
+        """Set `mapping[key] = value` (a table of the shell's, say), remembering what was there.
+        Nests as `set_attr` does; restoring leaves a slot that someone else changed since."""
+        def put(old: Any) -> None:
+            if old is _MISSING:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = old
+
+        self._push(("item", id(mapping), repr(key)), mapping.get(key, _MISSING), put, value,
+                   label, read=lambda: mapping.get(key, _MISSING))
+
     def set_env(
         self,
         name: str,

@@ -150,3 +150,20 @@ def test_kept_listeners_keep_their_patch_until_restore_all_and_a_failed_install_
     with pytest.raises(KeyboardInterrupt):
         Failing().add(print)
     assert _Target.value == "torch's" and borrow.active_owners() == []
+
+
+def test_an_item_set_twice_is_given_back_in_either_order():
+    table = {"run": "ipython's"}
+    lower, upper = borrow.Borrowed("lower"), borrow.Borrowed("upper")
+    lower.set_item(table, "run", "lower's", "run")
+    upper.set_item(table, "run", "upper's", "run")
+    lower.restore()  # the lower one first: the upper one now gives back what lower found
+    assert table["run"] == "upper's"
+    upper.restore()
+    assert table == {"run": "ipython's"}
+
+    added = borrow.Borrowed("adds")
+    added.set_item(table, "new", 1, "new")
+    table["new"] = 2  # someone else's since: theirs, kept
+    added.restore()
+    assert table["new"] == 2

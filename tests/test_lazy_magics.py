@@ -112,3 +112,20 @@ def test_a_new_jupyter_kernel_records_the_script(tmp_path):
     outputs = [o for cell in report.nb.cells for o in cell.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "steps 6" in text and "ran again" in text, text
+
+
+@pytest.mark.parametrize("first_off", ["%inspect all off", "%singlecard cpu --ranks 1"])
+def test_two_run_wrappers_given_back_in_either_order_leave_ipythons_run(first_off):
+    shell = InteractiveShell.instance()
+    run(shell, "%load_ext singlecard_nb")
+    try:
+        run(shell, "%singlecard cpu --ranks 2")
+        run(shell, "%inspect all")  # wraps the ranks' wrapper, which wraps IPython's %run
+        run(shell, first_off)
+        run(shell, "%inspect all off" if first_off != "%inspect all off" else
+            "%singlecard cpu --ranks 1")
+        own = _ipythons_own_run(shell)  # neither wrapper is left, whichever went first
+    finally:
+        run(shell, "%unload_ext singlecard_nb")
+    assert shell.magics_manager.magics["line"]["run"] is own
+    assert borrow.active_owners() == []

@@ -207,16 +207,6 @@ class Inspector(InspectorResults):
         return (f"<Inspector {self._model_name}: {state}, {len(self._calls.targets)} modules, "
                 f"{self.steps_recorded} steps recorded, {self._store.row_count} rows>")
 
-    def findings(self, top: int | None = 10) -> list:
-        """The ranked rows that show something, likeliest cause first (`causes/`): every
-        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
-        from .views.ranking import Tracks, findings
-
-        self._recorder.flush()
-        tracks = Tracks()
-        tracks.feed(self._store.snapshot())
-        return findings(tracks, top)
-
     def _first_grown(self) -> str | None:
         from .causes import Tracks, first_grown
 

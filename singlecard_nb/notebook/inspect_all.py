@@ -8,7 +8,6 @@ cell does not fail and the explanation after failing cells never sees it.
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -68,36 +67,27 @@ def _clean_runs(magics: Any, finder: Any) -> None:
     """Wrap `%run` (once per shell; the wrapper reads the current finder)."""
     if id(magics) in _run_owners and _run_owners[id(magics)].active:
         return
-    # The real %run, not IPython 9.17+'s placeholder (which would look the name up again and
-    # find this wrapper). Giving back puts this callable back: once resolved, a placeholder
-    # cannot be put back (IPython counts its class as loaded and would refuse it).
-    original = lazy_magics.resolved(magics.shell, "line", "run")
-    table = magics.shell.magics_manager.magics["line"]
 
-    @functools.wraps(original)  # keeps IPython's magic attributes (no variable expansion)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        current = magics.finder
-        if current is None or not current.active:
-            return original(*args, **kwargs)
-        current.reset()
-        before = getattr(sys, "last_value", None)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            current.flush()
-            error = getattr(sys, "last_value", None)
-            if error is not before and isinstance(error, Exception):
-                _explain(magics.shell, error)
+    def wrapper_for(original: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            current = magics.finder
+            if current is None or not current.active:
+                return original(*args, **kwargs)
+            current.reset()
+            before = getattr(sys, "last_value", None)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                current.flush()
+                error = getattr(sys, "last_value", None)
+                if error is not before and isinstance(error, Exception):
+                    _explain(magics.shell, error)
+
+        return run
 
     owner = Borrowed("%inspect all: %run starts clean records")
-    table["run"] = run
-
-    def give_back() -> None:
-        if table.get("run") is run:
-            table["run"] = original
-        _run_owners.pop(id(magics), None)
-
-    owner.on_restore(give_back, "%run wrapper")
+    lazy_magics.wrap_line_magic(magics.shell, "run", wrapper_for, owner, "%run wrapper")
+    owner.on_restore(lambda: _run_owners.pop(id(magics), None), "%run wrapper's record")
     _run_owners[id(magics)] = owner
 
 

@@ -11,7 +11,6 @@ them.
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 import shutil
@@ -82,26 +81,19 @@ def forget(shell: Any) -> None:
 
 
 def _wrap_run(shell: Any) -> Borrowed:
-    original = lazy_magics.resolved(shell, "line", "run")
-    table = shell.magics_manager.magics["line"]
+    def wrapper_for(original: Any) -> Any:
+        def run(parameter_s: str = "", *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # noqa: F841
+            setting = current(shell)
+            if setting is None or setting.ranks < 2:
+                return original(parameter_s, *args, **kwargs)
+            return run_ranks(shell, parameter_s, setting)
 
-    @functools.wraps(original)  # keeps IPython's magic attributes (no variable expansion)
-    def run(parameter_s: str = "", *args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True  # noqa: F841
-        setting = current(shell)
-        if setting is None or setting.ranks < 2:
-            return original(parameter_s, *args, **kwargs)
-        return run_ranks(shell, parameter_s, setting)
+        return run
 
     owner = Borrowed("%singlecard --ranks: %run starts N ranks")
-    table["run"] = run
-
-    def give_back() -> None:
-        if table.get("run") is run:
-            table["run"] = original
-        _settings.pop(id(shell), None)
-
-    owner.on_restore(give_back, "%run wrapper (ranks)")
+    lazy_magics.wrap_line_magic(shell, "run", wrapper_for, owner, "%run wrapper (ranks)")
+    owner.on_restore(lambda: _settings.pop(id(shell), None), "the ranks setting")
     return owner
 
 
