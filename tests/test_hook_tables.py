@@ -151,3 +151,52 @@ def test_starting_a_params_inspector_during_an_optimizer_step_breaks_no_step():
         for insp in started:
             insp.stop()
     assert len(started) == 3
+
+
+def _optimizer_hooks() -> tuple:
+    from torch.optim import optimizer as optim_globals
+
+    return (dict(optim_globals._global_optimizer_pre_hooks),
+            dict(optim_globals._global_optimizer_post_hooks),
+            torch.optim.Optimizer.__dict__["_optimizer_step_code"])
+
+
+def _train(model, optimizer, steps=2):
+    for _ in range(steps):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+
+
+def test_stopping_the_last_params_inspector_leaves_nothing_in_torchs_optimizer_hooks():
+    before = _optimizer_hooks()
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with scn.inspect(model, params=True) as insp:
+        _train(model, optimizer)
+        assert _optimizer_hooks() != before
+    assert _optimizer_hooks() == before
+    assert {"param", "update"} <= set(insp.frame()["io"])
+    _train(model, optimizer)  # torch steps as before
+
+
+def test_an_inspector_stopped_inside_an_optimizer_step_leaves_once_the_step_ends():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    before = _optimizer_hooks()
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = scn.inspect(model, params=True)
+    seen: list = []
+
+    def stop_meanwhile(opt, args, kwargs):  # torch is looping over its tables here
+        insp.stop()
+        seen.append(_optimizer_hooks() == before)
+
+    handle = register_optimizer_step_post_hook(stop_meanwhile)
+    try:
+        _train(model, optimizer, steps=1)
+    finally:
+        handle.remove()
+    assert seen == [False]  # not while the step ran
+    _train(model, optimizer, steps=1)  # the next step ends it
+    assert _optimizer_hooks() == before

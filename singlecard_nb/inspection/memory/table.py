@@ -181,7 +181,7 @@ class MemoryWatch:
         return module_bytes(self._model(), self._targets(), self.ledger.current(),
                             list(self._optimizers))
 
-    def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _saw_optimizer(self, optimizer: Any) -> None:
         if optimizer not in self._optimizers:
             model = self._model()
             mine = {id(p) for p in model.parameters()} if model is not None else set()
