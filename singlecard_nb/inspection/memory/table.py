@@ -18,6 +18,7 @@ from torch import nn
 
 from ...capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
 from ...theme import NO_MATH_CLASSES, no_math
+from ..targets import target_of
 from .ledger import MemoryLedger, storage_of
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "outputs")
@@ -30,7 +31,7 @@ def _owners(model: nn.Module, targets: dict) -> list[tuple[str, str, nn.Module]]
     owner_of: dict[str, str] = {}
     found = []
     for path, module in model.named_modules():
-        target = targets.get(id(module))
+        target = target_of(targets, module)
         parent = owner_of.get(path.rpartition(".")[0], "") if path else ""
         owner_of[path] = target.path if target is not None else parent
         found.append((owner_of[path], type(module).__name__, module))

@@ -14,6 +14,7 @@ import functools
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,6 +28,7 @@ from ..diagnostics import Diagnostics
 from ..targets import Target
 from .calls import CallTracker, StepMethod
 from .copies import Uncopied
+from .extras import ParamTargets
 from .recorder import Recorder
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
@@ -405,17 +407,17 @@ class Attachment:
                                recorder: Recorder) -> None:
         """params=True: after each optimiser step, record the parameters it updated and the
         gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
-        param_targets: dict[int, tuple[Target, str, nn.Module]] = {}
+        param_targets = ParamTargets()  # weakly: swapped-out modules go, ids are checked
         # Buffers (BatchNorm's running statistics...) with their modules: read after the first
         # optimiser step of each step, when this step's forward has updated them.
-        buffer_modules: list[tuple[Target, nn.Module]] = []
+        buffer_modules: list[tuple[Target, weakref.ref]] = []
         for module in model.modules():
             target = targets.get(id(module))
             if target is not None:
                 for name, param in module.named_parameters(recurse=False):
-                    param_targets.setdefault(id(param), (target, name, module))
+                    param_targets.add(param, target, name, module)
                 if next(module.named_buffers(recurse=False), None) is not None:
-                    buffer_modules.append((target, module))
+                    buffer_modules.append((target, weakref.ref(module)))
 
         def on_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
