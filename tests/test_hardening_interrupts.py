@@ -43,8 +43,7 @@ def nothing_left(model: nn.Module) -> None:
     assert global_hooks() == 0
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
-    assert [o.name for o in borrow.active_owners()
-            if o.name != "inspect: optimizer step hook"] == []
+    assert [o.name for o in borrow.active_owners()] == []
     assert not hasattr(torch.compile, "__wrapped__")  # torch's own again
 
 

@@ -109,17 +109,22 @@ def test_ctrl_c_while_the_hook_is_installed_leaves_no_hook(monkeypatch):
     model(torch.ones(1, 2))  # and torch calls modules as before
 
 
+def _newcomer_with(freed_ids: set[int], make):
+    others = []  # kept meanwhile: each new module takes memory no other holds
+    for _ in range(200):  # CPython hands a freed object's memory to a new one of its size
+        newcomer = make()
+        if {id(newcomer), *(id(p) for p in newcomer.parameters())} & freed_ids:
+            return newcomer
+        others.append(newcomer)
+    pytest.skip("the interpreter gave the freed ids to no new module")
+
+
 def test_a_module_made_later_with_a_freed_modules_id_is_not_recorded_as_it():
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     with scn.inspect(model) as insp:
-        old_id = id(model[0])
-        for _ in range(200):  # CPython hands a freed object's memory to the next of its size
-            model[0] = nn.Identity()  # the inspected Linear (then each Identity) is freed
-            newcomer = nn.Linear(3, 3)
-            if id(newcomer) == old_id:
-                break
-        else:
-            pytest.skip("the interpreter gave the freed id to no new module")
+        freed = {id(model[0])}
+        model[0] = nn.Identity()  # the inspected Linear is freed
+        newcomer = _newcomer_with(freed, lambda: nn.Linear(3, 3))
         model[0] = newcomer
         model(torch.ones(1, 3))
     rows = insp.frame().query("io == 'output'")
@@ -151,3 +156,83 @@ def test_starting_a_params_inspector_during_an_optimizer_step_breaks_no_step():
         for insp in started:
             insp.stop()
     assert len(started) == 3
+
+
+def _optimizer_hooks() -> tuple:
+    from torch.optim import optimizer as optim_globals
+
+    return (dict(optim_globals._global_optimizer_pre_hooks),
+            dict(optim_globals._global_optimizer_post_hooks),
+            torch.optim.Optimizer.__dict__["_optimizer_step_code"])
+
+
+def _train(model, optimizer, steps=2):
+    for _ in range(steps):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+
+
+def test_stopping_the_last_params_inspector_leaves_nothing_in_torchs_optimizer_hooks():
+    before = _optimizer_hooks()
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with scn.inspect(model, params=True) as insp:
+        _train(model, optimizer)
+        assert _optimizer_hooks() != before
+    assert _optimizer_hooks() == before
+    assert {"param", "update"} <= set(insp.frame()["io"])
+    _train(model, optimizer)  # torch steps as before
+
+
+def test_an_inspector_stopped_inside_an_optimizer_step_leaves_once_the_step_ends():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    before = _optimizer_hooks()
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = scn.inspect(model, params=True)
+    seen: list = []
+
+    def stop_meanwhile(opt, args, kwargs):  # torch is looping over its tables here
+        insp.stop()
+        seen.append(_optimizer_hooks() == before)
+
+    handle = register_optimizer_step_post_hook(stop_meanwhile)
+    try:
+        _train(model, optimizer, steps=1)
+    finally:
+        handle.remove()
+    assert seen == [False]  # not while the step ran
+    _train(model, optimizer, steps=1)  # the next step ends it
+    assert _optimizer_hooks() == before
+
+
+def test_a_parameter_made_later_with_a_freed_parameters_id_is_not_recorded_as_it():
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3), nn.Linear(3, 3))
+    with scn.inspect(model, params=True) as insp:
+        freed = {id(p) for p in model[0].parameters()}
+        swapped_out = weakref.ref(model[0])
+        model[0] = nn.Identity()
+        gc.collect()
+        assert swapped_out() is None  # the inspector does not keep a swapped-out module
+        model[2] = _newcomer_with(freed, lambda: nn.Linear(3, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+    rows = insp.frame().query("io == 'param'")
+    assert "0" not in set(rows["module"])  # not recorded under the freed Linear's path
+    assert "3" in set(rows["module"])
+
+
+def test_memory_counts_a_module_made_later_with_a_freed_modules_id_where_it_is():
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    with scn.inspect(model, memory=True) as insp:
+        freed = {id(model[0])}
+        model[0] = nn.Identity()
+        model[2] = _newcomer_with(freed, lambda: nn.Linear(3, 3))
+        model(torch.ones(1, 3)).sum().backward()
+        frame = insp.memory().frame().set_index("module")
+    assert "0" not in frame.index or frame.loc["0", "parameters"] == 0

@@ -29,6 +29,8 @@ INTERNALS = {
     "_get_builtin_table()": r"_get_builtin_table",
     "_push_saved_tensors_default_hooks": r"_push_saved_tensors_default_hooks",
     "FakeTensorMode": r"FakeTensorMode",
+    "Optimizer._optimizer_step_code": r"_optimizer_step_code",
+    "Optimizer.profile_hook_step": r"profile_hook_step",
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,13 @@ class Target:
     # the module itself, weakly: a module made later can get a freed module's id()
     ref: Callable[[], nn.Module | None] = dataclasses.field(default=lambda: None, repr=False,
                                                           compare=False)
+
+
+def target_of(targets: Mapping[int, Target], module: Any) -> Target | None:
+    """The target of `module` itself, by id(): None for a module made later (swapped into the
+    model) that got a freed inspected module's id()."""
+    target = targets.get(id(module))
+    return target if target is not None and target.ref() is module else None
 
 
 def globs(patterns: str | Sequence[str] | None) -> list[str] | None:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ..diagnostics import Diagnostics
+from ..targets import target_of
 
 _push = torch._C._autograd._push_saved_tensors_default_hooks
 _pop = torch._C._autograd._pop_saved_tensors_default_hooks
@@ -104,7 +105,7 @@ class MemoryLedger:
         # parameters are told by their class (views of them by their base), buffers by storage
         targets = self._targets()
         self._exclude = self._buffer_keys(model, targets)
-        self._stack[:] = [model] if root_running and id(model) in targets else []
+        self._stack[:] = [model] if root_running and target_of(targets, model) else []
         try:
             _push(self._pack, _unpack)
         except RuntimeError as e:  # saved-tensor hooks disabled by the caller (vmap, compile)
@@ -115,7 +116,8 @@ class MemoryLedger:
         stack = self._stack
 
         def entered(module: nn.Module, args: Any) -> None:  # per module call: kept lean
-            if id(module) in targets:
+            target = targets.get(id(module))
+            if target is not None and target.ref() is module:  # not a freed module's id()
                 stack.append(module)
 
         # Its own pre-hook: the recorder sees a module only when its call ends (a forward

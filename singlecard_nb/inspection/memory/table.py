@@ -18,6 +18,7 @@ from torch import nn
 
 from ...capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
 from ...theme import NO_MATH_CLASSES, no_math
+from ..targets import target_of
 from .ledger import MemoryLedger, storage_of
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "outputs")
@@ -30,7 +31,7 @@ def _owners(model: nn.Module, targets: dict) -> list[tuple[str, str, nn.Module]]
     owner_of: dict[str, str] = {}
     found = []
     for path, module in model.named_modules():
-        target = targets.get(id(module))
+        target = target_of(targets, module)
         parent = owner_of.get(path.rpartition(".")[0], "") if path else ""
         owner_of[path] = target.path if target is not None else parent
         found.append((owner_of[path], type(module).__name__, module))
@@ -181,7 +182,7 @@ class MemoryWatch:
         return module_bytes(self._model(), self._targets(), self.ledger.current(),
                             list(self._optimizers))
 
-    def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _saw_optimizer(self, optimizer: Any) -> None:
         if optimizer not in self._optimizers:
             model = self._model()
             mine = {id(p) for p in model.parameters()} if model is not None else set()

@@ -11,7 +11,10 @@ eagerly while inspected (compiled code bypasses module hooks).
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -20,11 +23,12 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from ...borrow import Borrowed, Listeners, uninterrupted
+from ...borrow import Borrowed, uninterrupted, wrap_like
 from ..diagnostics import Diagnostics
 from ..targets import Target
 from .calls import CallTracker, StepMethod
 from .copies import Uncopied
+from .extras import ParamTargets
 from .recorder import Recorder
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
@@ -61,46 +65,130 @@ def _run_wrapper_eagerly(owner: Borrowed, model: nn.Module, wrapper: nn.Module) 
                      "warnings filter for torch.compile's global hook note")
 
 
-class _OptimizerListeners(Listeners):
-    """One optimiser step hook for every inspector of the process that listens to steps.
+def _step_wrapper_code():
+    """The code of torch's `optimizer.step()` wrapper (every optimiser class's step runs in one;
+    None where torch has no `profile_hook_step`)."""
+    make = getattr(torch.optim.Optimizer, "profile_hook_step", None)
+    try:
+        return make(lambda *args, **kwargs: None).__code__ if make is not None else None
+    except Exception:  # noqa: BLE001 - a torch that changed it: steps are never known idle
+        return None
 
-    torch iterates its table of global optimiser hooks during `optimizer.step()`; a hook
-    registered or removed meanwhile from another thread raises "OrderedDict mutated during
-    iteration" in the training thread. So the table changes once (the first listener registers
-    this dispatcher, under an owner that `%unload_ext` restores: `keep`), and inspectors
-    starting and stopping only replace the tuple of listeners.
+
+_STEP_WRAPPER = _step_wrapper_code()
+_STEP_CODE = "_optimizer_step_code"  # torch calls optimizer._optimizer_step_code() after step
+
+
+def steps_running() -> int | None:
+    """How many `optimizer.step()` calls are running now, over every thread's stack (None:
+    unknown, on a torch without the wrapper)."""
+    if _STEP_WRAPPER is None:
+        return None
+    count = 0
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            count += frame.f_code is _STEP_WRAPPER
+            frame = frame.f_back
+    return count
+
+
+class _OptimizerSteps:
+    """One point before and one after each optimiser step for every inspector of the process
+    that listens to steps, made when the first listener comes and given back when the last one
+    goes.
+
+    After a step: `torch.optim.Optimizer._optimizer_step_code` (which torch calls after each
+    step) is swapped for one that calls torch's and then the listeners: a class attribute, so
+    it comes and goes at any instant. Before a step there is only torch's table of global
+    pre-hooks, which `optimizer.step()` iterates: an entry removed meanwhile (by an inspector
+    stopped in another thread, or inside a step hook) raises "OrderedDict mutated during
+    iteration" in the training thread. So the entry leaves when no step is running in any
+    thread; while one is, the last listener's leaving is deferred to the end of that step
+    (after its pre-hooks, at `_optimizer_step_code`) or to the next listener leaving.
+    Listeners are kept in tuples that are replaced, never changed, so a step looping over them
+    in another thread never sees them change.
     """
 
-    name = "inspect: optimizer step hook"
-    keep = True
+    name = "inspect: optimizer step hooks"
 
-    def install(self, owner: Borrowed) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+    def __init__(self) -> None:
+        self.before: tuple[Callable, ...] = ()
+        self.after: tuple[Callable, ...] = ()
+        self._owner: Borrowed | None = None
+        self._lock = threading.RLock()
 
-        owner.add_hook(lambda: register_optimizer_step_post_hook(eager(self._dispatch)),
-                       "optimizer step hook (all params=True inspectors)")
+    def add(self, before: Callable | None, after: Callable | None) -> None:
+        """`before(optimizer)` before and `after(optimizer)` after each step (None: neither)."""
+        with uninterrupted(), self._lock:
+            if self._owner is None or not self._owner.active:
+                owner = Borrowed(self.name)
+                try:
+                    self._install(owner)
+                except BaseException:  # half made: given back, also on Ctrl-C
+                    owner.restore()
+                    raise
+                self._owner = owner
+            if before is not None:
+                self.before = (*self.before, before)
+            if after is not None:
+                self.after = (*self.after, after)
 
-    def _dispatch(self, optimizer, args, kwargs) -> None:
-        for listener in self.listeners:  # a tuple: replaced, never changed, while we loop
-            listener(optimizer, args, kwargs)
+    def discard(self, before: Callable | None, after: Callable | None) -> None:
+        with self._lock:
+            self.before = tuple(fn for fn in self.before if fn is not before)
+            self.after = tuple(fn for fn in self.after if fn is not after)
+        self._leave_if_idle(0)
+
+    @property
+    def installed(self) -> bool:
+        return self._owner is not None and self._owner.active
+
+    def _leave_if_idle(self, steps_here: int) -> None:
+        """Give everything back if nobody listens and no step but the `steps_here` this thread
+        is in (past their pre-hooks) is running."""
+        with uninterrupted(), self._lock:
+            if self.before or self.after or self._owner is None:
+                return
+            running = steps_running()
+            if running is None or running > steps_here:
+                return  # deferred: a step may be iterating torch's pre-hook table
+            owner, self._owner = self._owner, None
+            owner.restore()
+
+    def _install(self, owner: Borrowed) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        owner.add_hook(lambda: register_optimizer_step_pre_hook(eager(self._before)),
+                       "optimizer step pre-hook (all params=True inspectors)")
+        original = torch.optim.Optimizer.__dict__.get(_STEP_CODE)
+        if callable(original) and _STEP_WRAPPER is not None:
+            def step_code(optimizer) -> None:
+                original(optimizer)  # torch's: the profiler hooks into it
+                self._after(optimizer)
+                if not self.after:
+                    self._leave_if_idle(1)  # this step is past its pre-hooks
+
+            owner.set_attr(torch.optim.Optimizer, _STEP_CODE,
+                           eager(wrap_like(original, step_code)),
+                           "torch.optim.Optimizer._optimizer_step_code (after each step)")
+        else:  # a torch without it: its table of post-hooks, left when no step runs
+            owner.add_hook(lambda: register_optimizer_step_post_hook(
+                eager(lambda optimizer, args, kwargs: self._after(optimizer))),
+                "optimizer step hook (all params=True inspectors)")
+
+    def _before(self, optimizer, args, kwargs) -> None:
+        for listener in self.before:  # a tuple: replaced, never changed, while we loop
+            listener(optimizer)
+
+    def _after(self, optimizer) -> None:
+        for listener in self.after:
+            listener(optimizer)
 
 
-_optimizer_listeners = _OptimizerListeners()
-
-
-class _OptimizerPreListeners(_OptimizerListeners):
-    """The same, just before each optimiser step (params=True: parameters copied for Δw)."""
-
-    name = "inspect: optimizer step pre-hook"
-
-    def install(self, owner: Borrowed) -> None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        owner.add_handle(register_optimizer_step_pre_hook(eager(self._dispatch)),
-                         "optimizer step pre-hook (all params=True inspectors)")
-
-
-_optimizer_pre_listeners = _OptimizerPreListeners()
+_optimizer_steps = _OptimizerSteps()
 
 
 class Attachment:
@@ -178,9 +266,9 @@ class Attachment:
             self._attach_probes(owner, model, calls)
 
     def listen_to_optimizers(self, listener: Callable) -> None:
-        """`listener(optimizer, args, kwargs)` after every torch.optim step while attached."""
-        _optimizer_listeners.add(listener)
-        self._owner.on_restore(lambda: _optimizer_listeners.discard(listener),
+        """`listener(optimizer)` after every torch.optim step while attached."""
+        _optimizer_steps.add(None, listener)
+        self._owner.on_restore(lambda: _optimizer_steps.discard(None, listener),
                                "optimizer step listener (memory=True)")
 
     def detach(self) -> None:
@@ -319,32 +407,30 @@ class Attachment:
                                recorder: Recorder) -> None:
         """params=True: after each optimiser step, record the parameters it updated and the
         gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
-        param_targets: dict[int, tuple[Target, str, nn.Module]] = {}
+        param_targets = ParamTargets()  # weakly: swapped-out modules go, ids are checked
         # Buffers (BatchNorm's running statistics...) with their modules: read after the first
         # optimiser step of each step, when this step's forward has updated them.
-        buffer_modules: list[tuple[Target, nn.Module]] = []
+        buffer_modules: list[tuple[Target, weakref.ref]] = []
         for module in model.modules():
             target = targets.get(id(module))
             if target is not None:
                 for name, param in module.named_parameters(recurse=False):
-                    param_targets.setdefault(id(param), (target, name, module))
+                    param_targets.add(param, target, name, module)
                 if next(module.named_buffers(recurse=False), None) is not None:
-                    buffer_modules.append((target, module))
+                    buffer_modules.append((target, weakref.ref(module)))
 
-        def on_optimizer_step(optimizer, args, kwargs) -> None:
+        def on_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
                 recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
 
-        def before_optimizer_step(optimizer, args, kwargs) -> None:
+        def before_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
                 recorder.before_optimizer_step(optimizer, param_targets)
 
-        _optimizer_listeners.add(on_optimizer_step)
-        _optimizer_pre_listeners.add(before_optimizer_step)
+        _optimizer_steps.add(before_optimizer_step, on_optimizer_step)
 
         def remove() -> None:
-            _optimizer_listeners.discard(on_optimizer_step)
-            _optimizer_pre_listeners.discard(before_optimizer_step)
+            _optimizer_steps.discard(before_optimizer_step, on_optimizer_step)
             recorder.snapshots.clear()
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:

@@ -9,6 +9,7 @@ a copy taken just before it (only within `SNAPSHOT_BYTES`: memory stays bounded)
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -52,14 +53,37 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def param_groups(optimizer: Any, param_targets: dict) -> list[dict]:
+class ParamTargets:
+    """The inspected parameters, each with (target, name, module), all held weakly: a module
+    swapped out of the model goes when the script drops it, and a parameter made later that
+    got a freed one's id() is not taken for it."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple] = {}
+
+    def add(self, param: torch.Tensor, target: Any, name: str, module: Any) -> None:
+        self._by_id.setdefault(id(param), (weakref.ref(param), target, name, weakref.ref(module)))
+
+    def get(self, param: Any) -> tuple | None:
+        """(target, name, module) of `param` itself, or None."""
+        found = self._by_id.get(id(param))
+        if found is None or found[0]() is not param:
+            return None
+        module = found[3]()
+        return None if module is None else (found[1], found[2], module)
+
+    def __contains__(self, param: Any) -> bool:
+        return self.get(param) is not None
+
+
+def param_groups(optimizer: Any, param_targets: ParamTargets) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
     "group", "lr", "weight_decay", "params": ["head.weight", ...]}."""
     groups = []
     for i, group in enumerate(optimizer.param_groups):
         names = []
         for p in group["params"]:
-            found = param_targets.get(id(p))
+            found = param_targets.get(p)
             if found is not None:
                 target, name = found[0], found[1]
                 names.append(f"{target.path}.{name}" if target.path else name)
@@ -80,13 +104,13 @@ class Snapshots:
         self._say = say
         self._before: dict[int, torch.Tensor] = {}
 
-    def take(self, optimizer: Any, param_targets: dict) -> None:
+    def take(self, optimizer: Any, param_targets: ParamTargets) -> None:
         used, skipped = 0, 0
         self._before.clear()
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for p in group["params"]:
-                    if id(p) not in param_targets or id(p) in self._before:
+                    if id(p) in self._before or p not in param_targets:
                         continue
                     size = p.numel() * p.element_size()
                     if used + size > self.budget:

@@ -25,7 +25,7 @@ from ..diagnostics import Diagnostics
 from ..kernel.stats import VALUES, StepStats, plain, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
 from ..targets import Target
-from .extras import Snapshots, channel_stats, channels_to_host, param_groups
+from .extras import ParamTargets, Snapshots, channel_stats, channels_to_host, param_groups
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
 
@@ -311,23 +311,28 @@ class Recorder:
             handle.remove()
 
     # --- optimiser steps (params=True) ------------------------------------------------------
-    def before_optimizer_step(self, optimizer, param_targets: dict) -> None:
+    def before_optimizer_step(self, optimizer, param_targets: ParamTargets) -> None:
         """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
         self.guarded(self.snapshots.take, optimizer, param_targets)
 
-    def record_optimizer_step(self, optimizer, param_targets: dict, buffer_modules: list) -> None:
+    def record_optimizer_step(self, optimizer, param_targets: ParamTargets,
+                              buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
         the buffers once per step, after its first optimiser step, when this step's forward has
         updated them; the param groups' lr and weight decay."""
-        mine = [(p, *param_targets[id(p)]) for group in optimizer.param_groups
-                for p in group["params"] if id(p) in param_targets]
+        found = ((p, param_targets.get(p)) for group in optimizer.param_groups
+                 for p in group["params"])
+        mine = [(p, *targeted) for p, targeted in found if targeted is not None]
         if mine:
             self.optimizer_steps += 1
             with self._lock:
                 self.pending.optimizer[id(optimizer)] = param_groups(optimizer, param_targets)
             if "buffers" not in self.calls:  # once per step (calls is cleared at each)
                 self.calls["buffers"] = 1
-                for target, module in buffer_modules:
+                for target, module_ref in buffer_modules:
+                    module = module_ref()
+                    if module is None:
+                        continue
                     for name, buffer in module.named_buffers(recurse=False):
                         self.guarded(self.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
