@@ -31,3 +31,66 @@ def test_factory_functions_asked_for_pinned_memory_answer_as_pin_memory_does():
     assert len(pinned) == 1 and "torch.zeros(..., pin_memory=True)" in str(pinned[0].message)
     assert pinned[0].filename == __file__  # the user's line, not ours
     assert any("pin_memory" in n and "(×9)" in n for n in parallel.report()["notices"])
+
+
+def test_accelerates_notebook_launcher_of_two_runs_as_a_world_of_one_at_once():
+    accelerate = pytest.importorskip("accelerate")
+    import os
+    import threading
+
+    parallel.enable(CPU)
+    ran: list = []
+
+    def train(steps):
+        state = accelerate.Accelerator()
+        model = state.prepare(torch.nn.Linear(2, 2))
+        for _ in range(steps):
+            model(torch.ones(1, 2))
+        ran.append((state.num_processes, state.process_index, os.environ["WORLD_SIZE"]))
+
+    def launch():
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            accelerate.notebook_launcher(train, (2,), num_processes=2)
+        ran.append([(w.filename, str(w.message)) for w in said])
+
+    thread = threading.Thread(target=launch, daemon=True)  # the old code waited for good
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "notebook_launcher(num_processes=2) hangs"
+    (processes, index, world), said = ran
+    assert (processes, index, world) == (1, 0, "1")
+    assert os.environ.get("WORLD_SIZE") != "2"  # torchrun's variables given back
+    assert any("runs train(...) in this process" in text and where == __file__
+               for where, text in said)
+    assert any("elastic_launch(nproc_per_node=2) is a job of 2 ranks" in text
+               for _, text in said)
+
+
+def test_a_world_size_of_zero_is_said_as_no_gpus_counted_not_one_zeroth_of_a_job():
+    import datetime
+
+    import torch.distributed as dist
+
+    parallel.enable(CPU)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0,
+                                world_size=torch.cuda.device_count(),  # 0 here
+                                timeout=datetime.timedelta(seconds=20))
+    (world,) = [str(w.message) for w in said if "world_size=0" in str(w.message)]
+    assert "asks for 0 ranks" in world and "torch.cuda.device_count()" in world
+    assert "1/0" not in world and "multiply" not in world
+    assert dist.get_world_size() == 1
+
+
+def test_torchs_own_warnings_and_ours_point_at_the_users_line():
+    parallel.enable(CPU)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with torch.autocast("cuda", dtype=torch.float32):  # CPU autocast: dtype not supported
+            pass
+        torch.cuda.amp.GradScaler()  # torch's deprecated class calls ours through super()
+    assert any("target dtype is not supported" in str(w.message) for w in said)
+    assert any("GradScaler('cuda') under `%singlecard cpu`" in str(w.message) for w in said)
+    assert {w.filename for w in said} == {__file__}, [(w.filename, str(w.message)) for w in said]
