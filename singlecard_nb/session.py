@@ -124,7 +124,8 @@ def single_card(on: bool | None = None) -> bool:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside DataParallel / DDP wrappers (nested too), moved to the pinned device.
+    """The module inside DataParallel / DDP / DeepSpeed engine wrappers (nested too), moved to
+    the pinned device.
 
     Works for wrappers built before pinning; with nothing pinned the module stays where it is.
     """
