@@ -94,3 +94,51 @@ def test_torchs_own_warnings_and_ours_point_at_the_users_line():
     assert any("target dtype is not supported" in str(w.message) for w in said)
     assert any("GradScaler('cuda') under `%singlecard cpu`" in str(w.message) for w in said)
     assert {w.filename for w in said} == {__file__}, [(w.filename, str(w.message)) for w in said]
+
+
+def test_the_gpu_count_guards_notice_says_how_to_run_a_script_that_needs_its_ranks(tmp_path):
+    import runpy
+
+    script = tmp_path / "tp.py"
+    script.write_text("import sys, torch\n"
+                      "if torch.cuda.device_count() < 2:\n"
+                      "    sys.exit('needs an even number of GPUs')\n")
+    parallel.enable(CPU)
+    with warnings.catch_warnings(record=True) as said, pytest.raises(SystemExit):
+        warnings.simplefilter("always")
+        runpy.run_path(str(script))
+    (guard,) = [str(w.message) for w in said if "sys.exit()" in str(w.message)]
+    assert "the check at tp.py:2" in guard and "skip that check" in guard
+    assert "`%singlecard cpu --ranks N`" in guard and "docs/ranks.md" in guard
+
+
+def test_an_assert_that_cuda_is_available_is_named_with_what_to_pass_instead():
+    parallel.enable(CPU)
+
+    def init_device(device: str):  # timm's init_distributed_device, for `--device cuda`
+        if device == "cuda":
+            assert torch.cuda.is_available(), f"CUDA is not available but {device} was specified."
+
+    with warnings.catch_warnings(record=True) as said, pytest.raises(AssertionError) as error:
+        warnings.simplefilter("always")
+        init_device("cuda")
+    # theirs, as is (pytest rewrites asserts in this file: it adds its own lines after)
+    assert str(error.value).startswith("CUDA is not available but cuda was specified.")
+    (notice,) = [w for w in said if "fails here" in str(w.message)]
+    assert "`assert torch.cuda.is_available()" in str(notice.message)
+    assert "--device cpu" in str(notice.message) and notice.filename == __file__
+
+
+def test_lightning_accelerator_gpu_is_named_at_the_users_line_with_what_to_pass_instead():
+    lightning = pytest.importorskip("lightning")
+    parallel.enable(CPU)
+    with warnings.catch_warnings(record=True) as said, pytest.raises(Exception) as error:
+        warnings.simplefilter("always")
+        lightning.Trainer(accelerator="gpu", devices=1, logger=False)
+    assert type(error.value).__name__ == "MisconfigurationException"  # Lightning's own
+    (notice,) = [w for w in said if "Trainer(accelerator='gpu')" in str(w.message)]
+    assert 'Pass accelerator="cpu"' in str(notice.message) and notice.filename == __file__
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        lightning.Trainer(accelerator="auto", logger=False, enable_progress_bar=False)
+    assert not [w for w in said if "singlecard_nb" in str(w.message)]  # only asked for a GPU
