@@ -186,8 +186,10 @@ def fit(model: nn.Module, batch: Any, optimizer: Any = None, loss_fn: Any = None
     loss_fn: output -> loss (default: a scalar output, `.loss`, or the sum of the outputs).
     device: whose memory to fit in (default: the pinned card; else the model's device).
     """
+    from .sizing.fit import check
     from .sizing.fit import fit as plan_fit
 
+    check(model, optimizer)  # before the card is read from the model
     return plan_fit(model, batch, optimizer=optimizer, loss_fn=loss_fn,
                     card=_card_for(model, device))
 
