@@ -96,10 +96,9 @@ class Guards:
                     f"{self.device} and counts that one device truthfully, so the check at "
                     f"{guard[0]} (`{guard[1]}`) asks for more devices than there are. To run "
                     "the script here as a world of one, skip that check (only it) and size the "
-                    "job from WORLD_SIZE (1 here). A script that needs its ranks (tensor "
+                    "job from WORLD_SIZE (1 here); a script that needs its ranks (tensor "
                     "parallel, an even number of GPUs) runs as N ranks on this card with "
-                    "`%singlecard cpu --ranks N` (docs/ranks.md); `%singlecard off` on a "
-                    "machine with the GPUs runs it as written."))
+                    "`%singlecard cpu --ranks N` (docs/ranks.md)."))
             original(status)
 
         return wrap_like(original, exit)
@@ -110,11 +109,10 @@ class Guards:
         line = asked.line
         if line.startswith("assert "):
             self.notices.say("gpu-assert", lambda: (
-                f"singlecard_nb: `{line}` at {asked.where} fails here: {asked.call}() is "
-                f"{asked.answer!r} because this session's device is the {self.device.type} (so "
-                "that libraries take their CPU paths). Give the script the CPU as its device "
-                "instead of CUDA (timm: `--device cpu`), or pin a GPU (`%singlecard auto`, in a "
-                "fresh kernel)."), stacklevel=3)
+                f"singlecard_nb: `{line}` at {asked.where} fails: {asked.call}() is "
+                f"{asked.answer!r} on {self.device}, this session's device; give the script the "
+                "CPU as its device (timm: `--device cpu`). More: docs/single-card.md, "
+                "\"GPU-count guards\"."), stacklevel=3)
 
     def _if_trainer_asks_for_a_gpu(self, frame: Any, call: str, answer: Any) -> None:
         """Lightning's `Trainer(accelerator="gpu")`: said before Lightning refuses it, at the
@@ -124,9 +122,9 @@ class Guards:
             return
         self.notices.say("gpu-accelerator", lambda: (
             f"singlecard_nb: Trainer(accelerator={accelerator!r}) at {_where(users)} asks for a "
-            f"GPU, and {call}() is {answer!r} here: this session's device is the "
-            f"{self.device.type}. Pass accelerator=\"cpu\" (or \"auto\") to train here, or pin "
-            "a GPU (`%singlecard auto`, in a fresh kernel)."), stacklevel=_level(frame, users))
+            f"GPU, and {call}() is {answer!r} on {self.device}, this session's device: pass "
+            "accelerator=\"cpu\" (or \"auto\"). More: docs/single-card.md, \"GPU-count "
+            "guards\"."), stacklevel=_level(frame, users))
 
 
 def _trainer_accelerator(frame: Any) -> tuple[Any, Any]:

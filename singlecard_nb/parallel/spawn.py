@@ -110,8 +110,9 @@ def _patch_elastic_launch(owner: Borrowed, notices: Notices) -> None:
         level = _users_line(sys._getframe(1))
         notices.say("elastic", lambda: (
             f"singlecard_nb: elastic_launch(nproc_per_node={config.nproc_per_node}) of {what} "
-            f"(accelerate's notebook_launcher, torchrun from Python) runs {what}(...) in this "
-            "process, as rank 0 of a world of one (single-card mode)."), stacklevel=level)
+            f"(accelerate's notebook_launcher) runs {what}(...) in this process, as rank 0 of a "
+            "world of one. More: docs/single-card.md, \"torch.multiprocessing.spawn\"."),
+            stacklevel=level)
         if nprocs != 1:
             world_size.say(notices, nprocs, f"elastic_launch(nproc_per_node={nprocs})",
                            stacklevel=level + 1)  # said one call deeper

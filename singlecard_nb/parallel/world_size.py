@@ -27,11 +27,10 @@ def say(notices: Notices, size: int, source: str, stacklevel: int = 3) -> None:
     """Say once that `source` (e.g. "WORLD_SIZE=8") asks for `size` ranks, and what that does."""
     if isinstance(size, int) and size < 1:  # no job to be 1/size of: a count of no GPUs
         notices.say("world", lambda: (
-            f"singlecard_nb: {source} asks for {size} ranks, as a world size taken from "
-            "torch.cuda.device_count() does where no GPU is visible (0 under `%singlecard cpu`); "
-            "single-card mode runs this process as rank 0 of a world of one. Code that divides "
-            f"its batch or steps by that {size} fails or does nothing: size the job from "
-            "WORLD_SIZE (1 here) or dist.get_world_size() instead."), stacklevel=stacklevel)
+            f"singlecard_nb: {source} asks for {size} ranks (torch.cuda.device_count() is 0 "
+            "where no GPU is visible, as under `%singlecard cpu`), run here as a world of one: "
+            "size the job from dist.get_world_size() or WORLD_SIZE (1 here). More: "
+            "docs/single-card.md, \"The job's world size\"."), stacklevel=stacklevel)
         return
     notices.say("world", lambda: (
         f"singlecard_nb: {source} is a job of {size} ranks; single-card mode runs this process "
