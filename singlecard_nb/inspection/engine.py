@@ -152,6 +152,7 @@ class Inspector:
             self._memory.stopped(self._model())
         self._calls.close_all()
         self._recorder.flush()
+        self._store.tell_listeners()  # also when no step was pending: a view draws "stopped"
 
     def __enter__(self) -> Inspector:
         return self.start()
@@ -264,7 +265,8 @@ class Inspector:
         return self._memory.table(self._model(), optimizer)
 
     def add_listener(self, fn: Callable[[Inspector], None]) -> None:
-        """Call `fn(insp)` each time a recorded step's statistics reach the host."""
+        """Call `fn(insp)` each time a recorded step's statistics reach the host, and when the
+        inspector stops."""
         self._store.listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[Inspector], None]) -> None:
