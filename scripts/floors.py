@@ -9,8 +9,9 @@ import hashlib
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 TESTED = ("torch", "ipython", "ipywidgets", "pandas", "matplotlib")
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"

@@ -10,11 +10,15 @@ An environment variable changed by someone else after we set it is theirs: resto
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import threading
-from collections.abc import Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, TypeVar
+
+_Handle = TypeVar("_Handle")
 
 _MISSING = object()  # sentinel: the attribute or variable did not exist before the change
 
@@ -24,6 +28,40 @@ _stacks: dict[tuple[str, int, str], list[_Change]] = {}
 # Owners holding at least one change, strongly referenced so nothing borrowed is ever orphaned.
 _owners: dict[int, Borrowed] = {}
 _next_owner_id = 0
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C held back until the block ends, then delivered as it would have been.
+
+    A change and its owner's note of it are one step: a KeyboardInterrupt landing between a
+    hook's registration and the owner taking its handle would leave the hook in torch's table
+    for good. Python delivers SIGINT to the main thread only, so elsewhere (and inside another
+    such block, and where no Python handler is installed) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or getattr(previous, "_holds_ctrl_c", False):
+        yield
+        return
+    caught: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        caught.append((signum, frame))
+
+    hold._holds_ctrl_c = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])  # Python's own handler: raises KeyboardInterrupt here
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 class _Change:
@@ -121,8 +159,18 @@ class Borrowed:
                    read=lambda: environ.get(name, _MISSING))
 
     def add_handle(self, handle: Any, label: str) -> Any:
-        """Own a removable handle (anything with `.remove()`); returns it."""
-        self.on_restore(handle.remove, label)
+        """Own a removable handle (anything with `.remove()`); returns it. Prefer `add_hook`:
+        a Ctrl-C between making the handle and this call cannot be held back."""
+        with uninterrupted():
+            self.on_restore(handle.remove, label)
+        return handle
+
+    def add_hook(self, register: Callable[[], _Handle], label: str) -> _Handle:
+        """`register()` (which registers a hook and returns its removable handle), owned at
+        once: a Ctrl-C meanwhile is delivered once the handle is owned."""
+        with uninterrupted():
+            handle = register()
+            self.on_restore(handle.remove, label)
         return handle
 
     def on_restore(self, undo: Callable[[], None], label: str) -> None:
@@ -134,17 +182,19 @@ class Borrowed:
     # --- giving back ----------------------------------------------------------------------
     def restore(self) -> None:
         """Undo every change in reverse order. Errors are raised after all undos have run."""
-        with _lock:
-            undo, self._undo = self._undo, []
-            _owners.pop(self._id, None)
         first_error: Exception | None = None
-        for label, fn in reversed(undo):
-            try:
-                fn()
-            except Exception as e:  # keep undoing the rest; report the first failure
-                if first_error is None:
-                    first_error = RuntimeError(f"singlecard_nb: could not restore {label}: {e}")
-                    first_error.__cause__ = e
+        with uninterrupted():  # a Ctrl-C half-way would leave the rest borrowed for good
+            with _lock:
+                undo, self._undo = self._undo, []
+                _owners.pop(self._id, None)
+            for label, fn in reversed(undo):
+                try:
+                    fn()
+                except Exception as e:  # keep undoing the rest; report the first failure
+                    if first_error is None:
+                        first_error = RuntimeError(
+                            f"singlecard_nb: could not restore {label}: {e}")
+                        first_error.__cause__ = e
         if first_error is not None:
             raise first_error
 
@@ -168,7 +218,7 @@ class Borrowed:
     # --- internals ------------------------------------------------------------------------
     def _push(self, key, current_old: Any, put: Callable[[Any], None], value: Any, label: str,
               read: Callable[[], Any] | None = None) -> None:
-        with _lock:
+        with uninterrupted(), _lock:
             change = _Change(key, current_old, value, put, label, read)
             put(value)
             _stacks.setdefault(key, []).append(change)
@@ -214,7 +264,7 @@ class Listeners:
         raise NotImplementedError
 
     def add(self, listener: Callable) -> None:
-        with self._lock:
+        with uninterrupted(), self._lock:
             if self._owner is None or not self._owner.active:
                 owner = Borrowed(self.name)
                 try:

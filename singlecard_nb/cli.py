@@ -124,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:  # TargetError, a broken machine file: nothing has run
             p.error(f"argument --device: {e}")
     finder = None
+    hint = None
     if inspect:
+        from . import borrow, errors
+
+        hint = borrow.Borrowed("the trap's words on a terminal")
+        hint.set_attr(errors, "rows_hint", _rows_hint(options.save), "NonFiniteError rows")
         from .inspection.finding.discovery import Discovery
 
         try:
@@ -143,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if finder is not None:
                 finder.stop()
+                if not forked:
+                    _report(finder)
                 if options.save and forked:
                     _say_forked_child_leaves_the_save(started_in, options.save)
                 elif options.save and not _save(finder, options.save, quiet=agent is not None):
                     status = status or 1  # the records asked for were not written: a failure
         finally:
+            if hint is not None:
+                hint.restore()
             if options.device is not None:  # given back, as everything borrowed is
                 from . import session
 
@@ -276,6 +285,38 @@ def _explain(error: Exception) -> None:
         return
     if explanation is not None:
         print(f"\n{explanation!r}", file=sys.stderr)
+
+
+TOP_FINDINGS = 5
+
+
+def _rows_hint(save: str | None) -> str:
+    """What the trap says about the rows, on a terminal: where they will be, how to read them."""
+    if save:
+        return (f"The rows recorded so far are saved at exit to {save}: read them with "
+                f"`import singlecard_nb as scn; scn.load({save!r})`.")
+    return ("Run again with --save PATH to keep the rows recorded so far, then read them with "
+            "`import singlecard_nb as scn; scn.load(PATH)`.")
+
+
+def _report(finder: Any) -> None:
+    """The top findings of each model, likeliest cause first; also when nothing is NaN."""
+    for name, insp in finder.inspectors.items():
+        try:
+            rows = insp.findings(TOP_FINDINGS)
+        except Exception as e:  # the report must not hide the script's own outcome
+            print(f"singlecard_nb: {name}: could not rank the findings ({type(e).__name__}: "
+                  f"{e}).", file=sys.stderr)
+            continue
+        steps = insp.steps_recorded
+        if not rows:
+            print(f"singlecard_nb: {name}: {steps} steps recorded; nothing stands out (no NaN/"
+                  "Inf, nothing growing, no outlier or dead module).", file=sys.stderr)
+            continue
+        lines = [f"singlecard_nb: {name}: {steps} steps recorded; findings, likeliest cause "
+                 "first:"]
+        lines += [f"  {i}. {row.text()}" for i, row in enumerate(rows, 1)]
+        print("\n".join(lines), file=sys.stderr)
 
 
 def _saving_as_it_goes(finder: Any, path: str, seconds: float = 1.0) -> Any:

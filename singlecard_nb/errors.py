@@ -12,23 +12,44 @@ import sys
 class NonFiniteError(RuntimeError):
     """The first module output or gradient with NaN or Inf, raised by `inspect(..., trap=True)`.
 
-    Attributes: module (path), module_type, io, index, step, call, nan, inf, and inputs_finite
-    (True when the module's tensor inputs were all finite: this module produced the NaN/Inf).
+    Attributes: module (path), module_type, io, index, step, call, nan, inf, inputs_finite
+    (True when the module's tensor inputs were all finite), dtype (of the tensor that held
+    them), bad_params (its own parameters that were already non-finite) and cause (words on
+    the first parameter that went wrong, when the inspector saw it).
     """
 
     def __init__(self, module: str, module_type: str, io: str, index: str, step: int,
-                 call: int, nan: int, inf: int, inputs_finite: bool | None):
+                 call: int, nan: int, inf: int, inputs_finite: bool | None, *,
+                 dtype: str | None = None, bad_params: list[str] | None = None,
+                 cause: str | None = None):
         self.module, self.module_type, self.io, self.index = module, module_type, io, index
         self.step, self.call, self.nan, self.inf = step, call, nan, inf
-        self.inputs_finite = inputs_finite
+        self.inputs_finite, self.dtype = inputs_finite, dtype
+        self.bad_params, self.cause = list(bad_params or ()), cause
         where = repr(module) if module else "the model itself ('')"
         what = f"{io}{index}" if index else io
-        origin = {True: " Its inputs were finite, so this module produced them.",
-                  False: " Its inputs already held NaN/Inf.", None: ""}[inputs_finite]
+        if io == "param":  # params=True: caught right after the optimiser step
+            origin = (" The optimiser step made it non-finite (its update: gradient × learning "
+                      "rate)" + (f"; {cause}." if cause else "."))
+        elif self.bad_params:  # said first: finite inputs do not make this module the origin
+            names = ", ".join(repr(p) for p in self.bad_params)
+            origin = (f" Its own parameter{'s' * (len(self.bad_params) > 1)} {names} already "
+                      "held NaN/Inf: they were corrupted by an earlier optimiser step"
+                      + (f"; {cause}." if cause else "."))
+        else:
+            origin = {True: " Its inputs were finite, so this module produced them.",
+                      False: " Its inputs already held NaN/Inf.", None: ""}[inputs_finite]
+            if inputs_finite and dtype in ("float16", "bfloat16") and inf:
+                origin += f" It computes in {dtype}: a {dtype} overflow."
         super().__init__(
             f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
-            f"call {call}.{origin} Rows recorded so far are in insp.frame()."
+            f"call {call}.{origin} {rows_hint}"
         )
+
+
+# Where the trap's message says the rows are: the terminal form (cli.py) says its --save file.
+rows_hint = "Rows recorded so far are in insp.frame()."
+
 
 
 class _TrapFrame:

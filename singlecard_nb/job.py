@@ -11,18 +11,31 @@ from typing import Any
 
 
 def place() -> tuple[int, int]:
-    """(rank, world size) of this process; (0, 1) outside a job or with variables that are no
-    numbers."""
+    """(rank, world size) of this process: the launcher's (torchrun's RANK and WORLD_SIZE)
+    where it set them, else the process group's once one is formed; (0, 1) outside a job.
+
+    The launcher's first: under single-card mode each process of a torchrun job forms a world of
+    one, whose get_rank() is 0 on every rank, and the same process's rows must carry the same
+    rank before and after `destroy_process_group()`."""
+    launched = _launched()
+    if launched is not None:
+        return launched
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _launched() -> tuple[int, int] | None:
+    """torchrun's RANK (and WORLD_SIZE, 1 when unset); None when RANK is unset or no number."""
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return None
     try:
-        rank = int(os.environ.get("RANK", "0") or 0)
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        return max(int(rank), 0), max(int(os.environ.get("WORLD_SIZE", "1") or 1), 1)
     except ValueError:
-        return 0, 1
-    return max(rank, 0), max(world, 1)
+        return None
 
 
 def launched_world_size(environ: Any = None) -> int:

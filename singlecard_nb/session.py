@@ -9,14 +9,13 @@ mode is imported only when first needed: `%load_ext` and `status()` stay free of
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from . import borrow, capacity
 from .pinning import pinning, report
 from .pinning.devices import Machine
-from .pinning.driver import DriverState
 from .pinning.pinning import PinState, TargetError
 
 if TYPE_CHECKING:
@@ -49,30 +48,12 @@ def _parallel() -> Any:
     return parallel
 
 
-def pin(
-    target: str | int,
-    *,
-    set_default: bool = False,
-    single_card: bool = True,
-    force: bool = False,
-    environ: MutableMapping[str, str] | None = None,
-    machine: Machine | None = None,
-    driver: DriverState | None = None,
-    world: int = 1,
-) -> PinState:
-    """Pin this process to one device; raises `TargetError` on bad input, changing nothing.
-
-    target: nvidia-smi index, GPU/MIG UUID or unique prefix, "auto" or "cpu".
-    set_default: also make the device torch's default device (restored on release).
-    single_card: run DataParallel/DDP code single-card on this device.
-    force: allow a GPU outside the kernel's allocation (its CUDA_VISIBLE_DEVICES before the pin).
-    environ, machine, driver: injectable for tests (default: os.environ, NVML, the probe).
-    world: N when this process is one of N ranks that share the device (a rank child of
-        `%singlecard cpu --ranks N`): process groups are then the real world of N.
-    """
+def pin(target: str | int, *, single_card: bool = True, world: int = 1,
+        **options: Any) -> PinState:
+    # pinning.pin(target, **options), then single-card mode on the pinned device; the help and
+    # signature are pinning.pin's (set below)
     global _single_card_pin
-    state = pinning.pin(target, set_default=set_default, force=force, environ=environ,
-                        machine=machine, driver=driver)
+    state = pinning.pin(target, **options)
     _single_card_pin = state if single_card else None
     committed = False
     try:
@@ -85,6 +66,24 @@ def pin(
         if not committed:  # half a pin is worse than none
             release()
     return state
+
+
+def _signature_with_single_card(signature: inspect.Signature) -> inspect.Signature:
+    parameters = list(signature.parameters.values())
+    single = inspect.Parameter("single_card", inspect.Parameter.KEYWORD_ONLY, default=True,
+                               annotation="bool")
+    world = inspect.Parameter("world", inspect.Parameter.KEYWORD_ONLY, default=1,
+                              annotation="int")
+    return signature.replace(parameters=[*parameters[:2], single, *parameters[2:], world])
+
+
+# `scn.pin?` shows pinning.pin's parameters and help, with single_card among them: the options
+# are said once, in pinning.pin, and reach it through **options.
+pin.__signature__ = _signature_with_single_card(inspect.signature(pinning.pin))
+pin.__doc__ = ((pinning.pin.__doc__ or "").rstrip() + "\n    single_card: run DataParallel/DDP code "
+               "single-card on this device (default True).\n    world: N when this process is one "
+               "of N ranks that share the device (a rank of `%singlecard cpu --ranks N`):\n"
+               "        process groups are then the real world of N.\n")
 
 
 def release() -> None:

@@ -56,6 +56,20 @@ def failure(fn, *args, **kwargs) -> BaseException:
     pytest.fail(f"{fn} raised nothing")
 
 
+def linear_shape_error(batch: int, got: int, in_features: int, out_features: int) -> str:
+    """torch's own message for an `nn.Linear(in_features, out_features)` given `got` features:
+    its wording changes between releases (2.15 says "addmm: mat1 and mat2 ..."), so tests ask
+    the installed torch instead of spelling one release's words."""
+    import torch
+
+    layer = torch.nn.Linear(in_features, out_features)
+    try:
+        layer(torch.zeros(batch, got))
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError("a Linear given the wrong width raised nothing")
+
+
 def magic_error(shell, line: str):
     """Run a cell in `shell`; return the UsageError it gave the user, or None. Anything else it
     raised (a traceback for the user) fails the test."""

@@ -64,9 +64,10 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
         "FSDP.__init__": _own(FSDP, "__init__"),
         "init_device_mesh": device_mesh.init_device_mesh,
         "sys.exit": sys.exit,
-        "torch.accelerator.device_index.__init__": _own(torch.accelerator.device_index,
-                                                        "__init__"),
     })
+    if hasattr(torch.accelerator, "device_index"):  # torch 2.8+
+        objects["torch.accelerator.device_index.__init__"] = _own(torch.accelerator.device_index,
+                                                                  "__init__")
     objects.update({f"torch.accelerator.{n}": getattr(torch.accelerator, n) for n in (
         "set_device_index", "set_device_idx", "is_available", "device_count")})
     objects.update({f"torch.cuda.{n}": getattr(torch.cuda, n) for n in ("is_available",

@@ -26,6 +26,7 @@ def test_compare_runs_notebook_shows_both_stories():
     # ranks: a clean 2-rank torchrun job, a planted desync, and the job against one card
     assert text.count('"gathered_ranks": [0, 1]') == 2
     assert "all 2 ranks agree with rank 0" in html
-    assert ("rank 1 differs from rank 0; first divergence, on rank 1: step 3, "
+    assert ("rank 0 and rank 1 differ (two ranks: no majority says which one is wrong); "
+            "first divergence: step 3, "
             "&#x27;module.0&#x27; (Linear) param weight") in html
     assert "a holds ranks [0, 1] and b [0]" in html and "agree within rtol=0.001" in html

@@ -123,7 +123,7 @@ def test_the_job_computes_what_one_card_computes_with_the_global_batch(runs):
     cmp = scn.compare(runs["clean"][0], single_out)
     assert cmp.first is None
     compared = cmp.frame().query("status == 'compared'")
-    assert set(compared["io"]) == {"param", "step_grad"}
+    assert set(compared["io"]) == {"param", "step_grad", "update"}
     assert set(compared["rank_a"]) == {0, 1}  # each rank of the job against the one card
     notes = "\n".join(cmp.notes)
     assert "a holds ranks [0, 1] and b [0]" in notes

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import notebook_runner
+from conftest import linear_shape_error, notebook_runner
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -60,7 +60,7 @@ def test_a_cell_failing_inside_a_module_shows_the_explanation(ip, shown):
     error = result.error_in_exec
     # the exception is torch's own, untouched, and is what %debug / sys.last_value see
     assert type(error) is RuntimeError
-    assert str(error) == "mat1 and mat2 shapes cannot be multiplied (4x16 and 32x2)"
+    assert str(error) == linear_shape_error(4, 16, 32, 2)
     assert sys.last_value is error and sys.last_traceback is error.__traceback__
     banner, shown = shown  # the banner above the traceback, the explanation under it
     assert isinstance(banner, explain.Banner) and isinstance(shown, explain.Explanation)
@@ -225,7 +225,7 @@ def test_in_a_kernel_the_banner_precedes_and_the_explanation_follows_the_traceba
     assert banner.data["text/plain"].startswith("singlecard_nb.explain: Linear 'head' failed: "
                                                 "Linear 'head' expects the last dimension")
     assert error.ename == "RuntimeError"
-    assert error.evalue == "mat1 and mat2 shapes cannot be multiplied (4x16 and 32x2)"
+    assert error.evalue == linear_shape_error(4, 16, 32, 2)
     # IPython's traceback, intact, down to torch's own line
     assert "F.linear(input" in ANSI.sub("", "\n".join(error.traceback))
     assert "class='singlecard-explain " in shown.data["text/html"]

@@ -41,7 +41,8 @@ def nothing_left():
     yield
     # the one process-wide optimizer step dispatcher stays once made (attach._OptimizerListeners:
     # torch's hook table is never changed while a step may iterate it); %unload_ext gives it back
-    left = [o for o in borrow.active_owners() if o.name != "inspect: optimizer step hook"]
+    left = [o for o in borrow.active_owners() if o.name not in (
+        "inspect: optimizer step hook", "inspect: optimizer step pre-hook")]
     assert global_hooks() == 0 and left == []
 
 

@@ -21,16 +21,19 @@ WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing", "ranks")
 GROUND_FLOOR = ("borrow", "capacity", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
 
 # The inspection wing's rooms, and the rooms each may import (its own always). `shared` is the
-# wing's own floor (options, targets, diagnostics: what every room speaks of); `engine` is the
-# facade that ties the rooms; `finding` (inspect_all) builds inspectors, so it sits above it.
+# wing's own floor (options, targets, diagnostics: what every room speaks of); the `facade`
+# (engine, results: the Inspector) ties the rooms; `finding` (inspect_all) builds inspectors,
+# so it sits above the facade.
 INSPECTION_SHARED = ("options", "targets", "diagnostics")
+INSPECTION_FACADE = ("engine", "results")
 INSPECTION_ROOMS = {
-    "finding": {"engine", "recording", "shared"},
-    "engine": {"recording", "kernel", "memory", "views", "runs", "shared"},
+    "finding": {"facade", "recording", "shared"},
+    "facade": {"recording", "kernel", "memory", "views", "causes", "runs", "shared"},
     "recording": {"kernel", "memory", "shared"},
     "memory": {"shared"},
-    "views": {"shared"},  # works from recorded rows, never from the recording machinery
-    "runs": {"views", "shared"},  # frames and record files only: nothing of a live recording
+    "views": {"causes", "shared"},  # works from recorded rows, never from the recording machinery
+    "causes": set(),  # the ranking's rules: plain Python over recorded series
+    "runs": {"views", "causes", "shared"},  # frames and record files only: nothing of a live recording
     "kernel": set(),
     "shared": set(),
     "face": set(),  # inspection/__init__.py
@@ -120,6 +123,8 @@ def _inspection_room(module: str) -> str:
         return "face"
     if parts[0] in INSPECTION_SHARED:
         return "shared"
+    if parts[0] in INSPECTION_FACADE:
+        return "facade"
     if parts[0] in INSPECTION_ROOMS:
         return parts[0]
     raise AssertionError(f"{module} is in no room of inspection/; add it to INSPECTION_ROOMS")

@@ -175,3 +175,54 @@ def test_kernel_start_with_a_malformed_file_in_a_fresh_process(tmp_path):
                                     SINGLECARD_NB_DEVICE="auto")
     assert out == {"loaded": True, "magics after unload": False}
     assert "not loaded" not in printed
+
+
+# --- files that are no files ------------------------------------------------------------------
+def test_a_fifo_is_refused_by_name_instead_of_hanging_the_list(machine_file, tmp_path,
+                                                                monkeypatch):
+    import os
+    import threading
+
+    fifo = tmp_path / "machine.fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("SINGLECARD_NB_MACHINE", str(fifo))
+    ip = load()
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(ip.run_cell("%singlecard list")),
+                              daemon=True)
+    worker.start()
+    worker.join(20)
+    hung = worker.is_alive()
+    if hung:  # give the blocked open a writer so the thread ends
+        os.close(os.open(fifo, os.O_WRONLY))
+        worker.join(20)
+    assert not hung, "%singlecard list waited on the FIFO"
+    error = result[0].error_in_exec
+    assert isinstance(error, UsageError)
+    assert f"SINGLECARD_NB_MACHINE={fifo}: not a regular file (a FIFO)" in str(error)
+
+
+def test_dev_zero_is_refused_by_name_without_reading_it():
+    # in a process whose memory is capped: the old reader grew until MemoryError
+    code = textwrap.dedent("""
+        import json, resource
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
+        from singlecard_nb.pinning import devices
+        try:
+            devices.read_machine()
+        except BaseException as e:
+            print(json.dumps({"type": type(e).__name__, "message": str(e)}))
+    """)
+    out, _ = run_fresh_python(code, SINGLECARD_NB_MACHINE="/dev/zero")
+    assert out == {"type": "MachineFileError", "message": "SINGLECARD_NB_MACHINE=/dev/zero: not "
+                   "a regular file (a character device); point it at a JSON file describing "
+                   "the machine"}
+
+
+def test_a_file_too_large_to_describe_a_machine_is_refused_by_name(machine_file):
+    from singlecard_nb.pinning import machine_file as files
+
+    path = machine_file(" " * (files.MAX_FILE_BYTES + 1))
+    ip = load()
+    message = usage_error(ip, "%singlecard list")
+    assert f"SINGLECARD_NB_MACHINE={path}: " in message and "larger than a machine" in message

@@ -3,6 +3,7 @@ graph's saved tensors), mem_out the output's storage, insp.memory() what each mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -209,7 +210,11 @@ def test_inspect_magic_memory_flag():
 
 
 def _saved_hooks_installed() -> bool:
-    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # torch 2.6 cannot say which saved-tensor hooks are pushed
+        pytest.skip(f"torch {torch.__version__} has no way to read autograd's saved-tensor "
+                    "hook stack")
+    return top(False) is not None
 
 
 def test_hooks_are_given_back_after_errors_ctrl_c_and_stop():

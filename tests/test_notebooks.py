@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import notebook_runner
+from conftest import linear_shape_error, notebook_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = Path(__file__).with_name("browser_machine.json")
@@ -42,7 +42,7 @@ def test_quickstart_runs_and_shows_picker_live_view_plot_and_trap():
     assert "first non-finite output in module: '2' (Linear)" in text
     # the failing cell (tagged raises-exception) is explained right under its traceback
     assert [e.split(": ", 1)[1] for e in report.expected_errors] == [
-        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x8192 and 2048x64)"]
+        f"RuntimeError: {linear_shape_error(8, 8192, 2048, 64)}"]
     assert any("class='singlecard-explain " in h and "classifier.0" in h for h in html)
     assert "expects the last dimension of its input to be 2048 (in_features); it got 8192" in text
     assert "computing on cpu" in text  # the described GPUs are not usable by this torch: said so

@@ -35,6 +35,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from singlecard_nb import session
 from singlecard_nb.parallel import single_card as parallel
+from singlecard_nb.parallel import wrappers
 
 SCRIPT = Path(__file__).resolve().parents[1] / "notebooks" / "scripts" / "multigpu_torchrun.py"
 CPU = torch.device("cpu")
@@ -165,7 +166,7 @@ def test_inputs_are_moved_like_data_parallel_moves_them():
     meta = torch.device("meta")  # a device other than the inputs' on a CPU-only machine
     x = torch.randn(3, 2)
     packed = nn.utils.rnn.pack_sequence([torch.randn(2, 1), torch.randn(1, 1)])
-    moved = parallel._move(({"a": [x, (x,)], "p": Pair(x, 1.5)}, packed, "text"), meta)
+    moved = wrappers._move(({"a": [x, (x,)], "p": Pair(x, 1.5)}, packed, "text"), meta)
     batch, seq, text = moved
     assert batch["a"][0].device == batch["a"][1][0].device == batch["p"].x.device == meta
     assert type(batch["p"]) is Pair and batch["p"].scale == 1.5 and text == "text"

@@ -146,3 +146,51 @@ def _closed(db: sqlite3.Connection) -> bool:
     except sqlite3.ProgrammingError:
         return True
     return False
+
+
+def _crafted(tmp_path, sql: str, *args):
+    path = _recorded().save(tmp_path / "crafted.db")
+    db = sqlite3.connect(path)
+    db.executescript(sql) if not args else db.execute(sql, args)
+    db.commit()
+    db.close()
+    return path
+
+
+def test_a_generated_column_is_refused_naming_the_file_without_being_computed(tmp_path):
+    # 16 KiB on disk; read, the generated column made hundreds of MB per row
+    path = _crafted(tmp_path, "ALTER TABLE records ADD COLUMN big BLOB "
+                    "GENERATED ALWAYS AS (zeroblob(300000000)) VIRTUAL;"
+                    "INSERT INTO record_columns VALUES (99, 'big', 'json');")
+    assert os.path.getsize(path) < 64 << 10
+    with pytest.raises(ValueError, match=r"crafted\.db.*'big'.*generated column"):
+        scn.load(path)
+
+
+def test_a_generated_column_nobody_listed_is_not_read(tmp_path):
+    path = _crafted(tmp_path, "ALTER TABLE records ADD COLUMN big BLOB "
+                    "GENERATED ALWAYS AS (zeroblob(300000000)) VIRTUAL;")
+    frame = scn.load(path)
+    assert "big" not in frame.columns and len(frame) == len(_recorded().frame())
+
+
+@pytest.mark.parametrize("rank", ["[1, 2]", '"one"', "-1", "true", "1.5", "null"])
+def test_a_crafted_rank_is_refused_naming_the_file(tmp_path, rank):
+    path = _crafted(tmp_path, "UPDATE record_meta SET value = ? WHERE key = 'rank'", rank)
+    with pytest.raises(ValueError, match=r"crafted\.db.*its rank is"):
+        scn.load([path, path.with_name("crafted.db")])
+
+
+@pytest.mark.parametrize("kind", ["S2000000000", "object", "category", "datetime64[ns]"])
+def test_a_column_kind_save_never_writes_is_refused_naming_the_file(tmp_path, kind):
+    path = _crafted(tmp_path, "UPDATE record_columns SET kind = ? WHERE name = 'mean'", kind)
+    with pytest.raises(ValueError, match=r"crafted\.db.*column 'mean' has kind"):
+        scn.load(path)
+
+
+def test_a_virtual_table_in_place_of_the_rows_is_refused(tmp_path):
+    path = _crafted(tmp_path, "DROP TABLE records; CREATE VIRTUAL TABLE records USING "
+                    "fts5(mean);")
+    with pytest.raises(ValueError, match=r"crafted\.db.*not one written by insp\.save"):
+        scn.load(path)
+

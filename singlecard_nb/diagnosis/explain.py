@@ -177,7 +177,20 @@ def build(exc: BaseException) -> Explanation | None:
 # --- putting it together -------------------------------------------------------------------
 
 
+# Wrappers whose `.module` is the model: paths are spelled as the inspector spells them, from
+# the model, so "moe.router" and never DDP's "module.moe.router".
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def _unwrapped(calls: list[Call]) -> list[Call]:
+    while (len(calls) > 1 and type(calls[0].module).__name__ in _WRAPPERS
+           and getattr(calls[0].module, "module", None) is calls[1].module):
+        calls = calls[1:]
+    return calls
+
+
 def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call]) -> Explanation:
+    calls = _unwrapped(calls)
     paths, registered = [""], True
     for parent, child in zip(calls, calls[1:]):
         name, registered = child_name(parent.module, child.module)
@@ -242,6 +255,17 @@ def _non_finite_error(exc: BaseException) -> NonFiniteError | None:
 def _from_non_finite_attributes(exc: NonFiniteError) -> Explanation:
     """A NonFiniteError raised in backward: the module is known, its inputs are not on the stack."""
     where = repr(exc.module) if exc.module else "the model itself"
+    cause = getattr(exc, "cause", None)
+    if exc.io == "param":  # params=True: the optimiser step made the parameter non-finite
+        return Explanation(
+            module=exc.module, module_type=exc.module_type,
+            chain=[(exc.module, exc.module_type)], inputs=[], params=[],
+            exception=_headline(exc), rank=_rank(),
+            hint=(f"The parameter {exc.index!r} of {where} ({exc.module_type}) held "
+                  f"{counts(exc.nan, exc.inf)} after the optimiser step of step {exc.step}: its "
+                  "update (gradient × learning rate) was non-finite or too large; lower this "
+                  "parameter group's learning rate or clip gradients"
+                  + (f"; {cause}" if cause else "")))
     what = f"parameter {exc.index!r}" if exc.io == "param_grad" else f"the output{exc.index}"
     return Explanation(
         module=exc.module, module_type=exc.module_type, chain=[(exc.module, exc.module_type)],

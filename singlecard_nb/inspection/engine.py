@@ -4,35 +4,34 @@
         loss = model(x).sum(); loss.backward()
     insp.frame()      # one row per (step, module call, tensor)
 
-`Inspector` is the facade users call (options, start/stop, queries, views); its parts, one
-module each: the call tracker (`calls.py`: the open call, steps, `every`), the recorder
-(`recorder.py`: tensors of the pending step), the store (`store.py`: steps on the host), and the
-attach owner (`attach.py`: every hook and patch, whose state is `active`). Statistics are taken
-on the tensor's device (`stats.py`) and reach the host once per step. No activation is
-referenced after its hook returns, and a stopped inspector holds its model only weakly.
+`Inspector` is the facade users call: options and start/stop here, what was recorded read and
+shown in `results.py`. Its parts, one module each in `recording/`: the call tracker (`calls.py`:
+the open call, steps, `every`), the recorder (`recorder.py`: tensors of the pending step), the
+store (`store.py`: steps on the host), and the attach owner (`attach.py`: every hook and patch,
+whose state is `active`). Statistics are taken on the tensor's device (`kernel/stats.py`) and
+reach the host once per step. No activation is referenced after its hook returns, and a stopped
+inspector holds its model only weakly.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
+from ..borrow import uninterrupted
 from .diagnostics import Diagnostics
-from .kernel.stats import VALUES
 from .memory.table import MemoryWatch
 from .options import Kept, check_arguments, check_memory
 from .recording.attach import Attachment
 from .recording.calls import CallTracker
 from .recording.compile_watch import compile_listeners
 from .recording.recorder import Recorder
-from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, Store, to_frame
-from .targets import globs, select_targets, track_histograms
-from .views.summary import Summary
+from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, Store
+from .results import InspectorResults
+from .targets import globs, select_targets
 
 __all__ = ["COLUMNS", "Inspector", "inspect", "inspector"]
 
@@ -42,7 +41,7 @@ _active: dict[int, Inspector] = {}
 _latest: weakref.WeakValueDictionary[int, Inspector] = weakref.WeakValueDictionary()
 
 
-class Inspector:
+class Inspector(InspectorResults):
     """Records shapes and statistics of module tensors; see `inspect()` for the options."""
 
     every = Kept("_calls")
@@ -75,18 +74,21 @@ class Inspector:
         self._diagnostics = Diagnostics()
         self._store = Store(lock, max_rows or DEFAULT_MAX_ROWS, self._diagnostics, self)
         self._attach = Attachment(f"inspect({self._model_name})", self._diagnostics)
+        # memory=True: what each module saved for backward and returned. Its part owns the
+        # ledger; the recorder and the call tracker are handed it and feed it.
+        self._memory = (MemoryWatch(model, lambda: self._calls.targets, self._diagnostics)
+                        if check_memory(memory) else None)
+        ledger = self._memory.ledger if self._memory is not None else None
         self._recorder = Recorder(self._store, self._diagnostics, lock, self._attach.is_active,
                                   inputs=inputs, trap=trap, grads=grads, exact_std=exact_std,
-                                  hist_bins=hist_bins)
+                                  hist_bins=hist_bins, memory=ledger)
         self._calls = CallTracker(model, self._recorder, self._diagnostics, lock, every=every,
                                   manual_steps=steps == "manual", active=self._attach.is_active,
                                   install_hook=self._attach.install_hook,
                                   remove_hook=self._attach.remove_hook,
-                                  end_probes=self._attach.end_probes)
+                                  end_probes=self._attach.end_probes, memory=ledger)
+        self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
-        # memory=True: what each module saved for backward and returned (memory.py)
-        self._memory = (MemoryWatch(model, self._calls, self._recorder, self._diagnostics)
-                        if check_memory(memory) else None)
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -123,15 +125,20 @@ class Inspector:
         targets = select_targets(model, self.include, self.exclude, self.hist_patterns,
                                  self._diagnostics.say)
         wrapper = self._wrapper_object()
-        self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
-                            params=self.params, on_detach=self._detached)
-        compile_listeners.add(self._compile_listener)
-        if self._memory is not None:
-            self._memory.started(model, self._attach.listen_to_optimizers)
-        _active[id(model)] = self
-        _latest[id(model)] = self
-        if wrapper is not None:
-            _latest[id(wrapper)] = self
+        try:  # a Ctrl-C (held back until all is attached) or a failure: nothing stays
+            with uninterrupted():
+                self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
+                                    params=self.params, on_detach=self._detached)
+                compile_listeners.add(self._compile_listener)
+                if self._memory is not None:
+                    self._memory.started(model, self._attach.listen_to_optimizers)
+                _active[id(model)] = self
+                _latest[id(model)] = self
+                if wrapper is not None:
+                    _latest[id(wrapper)] = self
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> Inspector:
@@ -173,144 +180,23 @@ class Inspector:
         self._recorder.flush()
         self._calls.settle(threading.get_ident())
 
-    # --- results ----------------------------------------------------------------------------
+    # --- for inspect_all, which finds a model while it already runs ---------------------
+    def found_in_method(self, method: Any) -> None:
+        """The model was found inside a bigger module's step method (training_step & co.,
+        `method` its frame, or None when it is not this model's): that call is step 0."""
+        self._attach.end_probes()
+        if method is not None:
+            self._calls.open_midway(method)
+
+    def found_in_call(self, args: tuple, kwargs: dict) -> None:
+        """The model was found in its own call's pre-hooks: that call is step 0 (torch took
+        the list of the model's pre-hooks already, so the root hook missed its beginning)."""
+        self._calls.on_root_pre(self._model(), args, kwargs)
+
     @property
-    def steps_recorded(self) -> int:
-        """Recorded steps so far, the one whose rows are still on the device included (its
-        statistics reach the host with the next frame(), flush() or step)."""
-        with self._lock:
-            rows = self._recorder.pending.rows
-            waiting = bool(rows) and rows[0][0] != self._store.last_step
-            return self._store.steps_recorded + waiting
-
-    def frame(self, ranks: str | None = None):
-        """All recorded rows as a pandas DataFrame (columns: `COLUMNS`); safe to call from
-        another thread while the model runs (a snapshot of the steps that reached the host).
-
-        ranks: None for this process's rows; "all" for every rank's rows of a torch.distributed
-            job, gathered on its process group (a collective: call it on every rank). Outside a
-            multi-process job both give this process's rows.
-        """
-        from .runs.records import gather
-
-        self._recorder.flush()
-        return gather(to_frame(self._store.snapshot()), ranks)
-
-    def save(self, path: str | os.PathLike):
-        """Write this process's records to an SQLite file; returns the path written.
-
-        In a job of several processes each rank writes its own file: `run.db` becomes
-        `run.rank<N>.db` (or put `{rank}` in the path, or give a directory). Read them back,
-        all ranks merged, with `singlecard_nb.load(path)`.
-        """
-        from .runs.records import save
-
-        return save(self.frame(), path, meta={
-            "model": self._model_name, "every": self.every, "grads": self.grads,
-            "params": self.params, "include": self.include, "exclude": self.exclude,
-            "steps_recorded": self.steps_recorded, "rows_dropped": self._store.dropped})
-
-    def last_step(self):
-        """Rows of the latest recorded step whose statistics reached the host."""
-        records = self._store.snapshot()
-        if not records:
-            return to_frame([])
-        step = records[-1].meta[0][0]
-        return to_frame([r for r in records if r.meta[0][0] == step])
-
-    def history(self, stat: str = "absmax", io: str = "output", training: bool | None = None):
-        """A module x step table of one statistic (each module's first call, first tensor).
-
-        training: True keeps rows of modules in train mode, False in eval mode, None both.
-        """
-        import pandas as pd
-
-        if stat not in VALUES:
-            raise ValueError(f"stat must be one of {', '.join(VALUES)}; got {stat!r}")
-        self._recorder.flush()
-        column = VALUES.index(stat)
-        series: dict[int, dict[str, float]] = {}
-        for record in self._store.snapshot():
-            rows = record.first_rows(io, training)
-            if not rows:
-                continue
-            step = series.setdefault(record.meta[0][0], {})
-            for path, row in rows.items():
-                step.setdefault(path, record.values[row, column])
-        return pd.DataFrame(series)
-
-    def histograms(self, steps: bool = False) -> dict[str, Any]:
-        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`;
-        with `steps=True`, the recent steps' ones: a list of (step, counts, edges) per module."""
-        self._recorder.flush()
-        return self._store.histogram_steps() if steps else self._store.latest_histograms()
-
-    def summary(self, top: int | None = None) -> Summary:
-        """Per-module aggregate over steps, most changed first (the live view's order); renders
-        as a table in notebooks. top: only the first `top` modules."""
-        return Summary(self, top)
-
-    def memory(self, optimizer=None):
-        """memory=True: what each module holds (parameters, gradients, optimizer state, and of
-        the last recorded step the activations saved for backward and the outputs), biggest
-        first, with totals against the pinned card. `.frame()` gives the DataFrame.
-
-        optimizer: whose state to count (default: the torch.optim optimisers seen stepping
-            this model's parameters while inspected).
-        """
-        if self._memory is None:
-            raise ValueError("insp.memory() needs an inspector started with memory=True: "
-                             "scn.inspect(model, memory=True) or %inspect model --memory.")
-        self._recorder.flush()
-        return self._memory.table(self._model(), optimizer)
-
-    def add_listener(self, fn: Callable[[Inspector], None]) -> None:
-        """Call `fn(insp)` each time a recorded step's statistics reach the host, and when the
-        inspector stops."""
-        self._store.listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[Inspector], None]) -> None:
-        if fn in self._store.listeners:
-            self._store.listeners.remove(fn)
-
-    def live(self):
-        """Display a view of the latest step that updates in place while training runs."""
-        from .views.live import live_view
-
-        return live_view(self)
-
-    def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
-             top: int = 40):
-        """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
-        marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
-        first step. top: rows shown, those that changed most (see `plots.heatmap`)."""
-        from .views.plots import heatmap
-
-        return heatmap(self, stat, training=training, relative=relative, top=top)
-
-    def hist(self, modules=None, bins: int | None = None):
-        """Histograms of activation values of `modules` (globs), computed on the device.
-
-        Histograms are taken for the modules given as `hist=` and, from the next recorded step
-        on, for any `modules` asked for here; no activation is kept for them. On a GPU each
-        histogram reads its range back once (torch.histc), so ask only for the modules you need.
-        """
-        from .views.histograms import histograms
-
-        patterns = globs(modules) or []
-        added = track_histograms(self._calls.targets, patterns)
-        self.hist_patterns = (self.hist_patterns or []) + patterns
-        try:
-            return histograms(self, modules, bins or self.hist_bins)
-        except ValueError:
-            if not added:
-                raise
-            raise ValueError(
-                f"no histogram recorded yet for {', '.join(added)}: they are taken from the next "
-                "recorded step on. Run a step, then call insp.hist() again.") from None
-
-    def _repr_html_(self) -> str:
-        return self.summary()._repr_html_()
+    def last_called(self) -> int:
+        """When the model's latest step began (a clock of steps across inspectors; 0: never)."""
+        return self._calls.began
 
     def __deepcopy__(self, memo: dict) -> Inspector:
         # A deepcopy of the inspected model (EMA, SWA) copies its hooks, and with them bound
@@ -321,6 +207,23 @@ class Inspector:
         state = "active" if self.active else "stopped"
         return (f"<Inspector {self._model_name}: {state}, {len(self._calls.targets)} modules, "
                 f"{self.steps_recorded} steps recorded, {self._store.row_count} rows>")
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first (`causes/`): every
+        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
+        from .views.ranking import Tracks, findings
+
+        self._recorder.flush()
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return findings(tracks, top)
+
+    def _first_grown(self) -> str | None:
+        from .causes import Tracks, first_grown
+
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return first_grown(tracks)
 
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None
@@ -337,17 +240,23 @@ def inspector(model: nn.Module | None = None) -> Inspector:
     `%%inspect model` or `inspect_all()` (also once stopped, while something keeps it).
     With no model: the inspector of the model called most recently. Raises ValueError if none."""
     if model is None:
-        called = [insp for insp in _latest.values() if insp._calls.began]
+        called = [insp for insp in _latest.values() if insp.last_called]
         if not called:
             raise ValueError("no inspected model has been called yet: start an inspector with "
                              "singlecard_nb.inspect(model) or singlecard_nb.inspect_all(), then "
                              "run the model.")
-        return max(called, key=lambda insp: insp._calls.began)
+        return max(called, key=lambda insp: insp.last_called)
     found = _latest.get(id(model))
     if found is None or (model is not found.model and model is not found._wrapper_object()):
         raise ValueError(f"no inspector has been started on this {type(model).__name__}: start "
                          "one with insp = singlecard_nb.inspect(model) or %inspect model.")
     return found
+
+
+def recording_inspector(model: nn.Module) -> Inspector | None:
+    """The active inspector recording `model` itself, if any (one model has one)."""
+    found = _active.get(id(model))
+    return found if found is not None and found.model is model else None
 
 
 def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads: bool = False,

@@ -17,6 +17,7 @@ from IPython.display import display
 
 from ..borrow import Borrowed
 from . import lazy_magics
+from .arguments import inspect_options
 
 
 def inspect_all_line(magics: Any, args: Any) -> None:
@@ -44,7 +45,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
             print(f"{name}: {insp!r}")  # a summary does not name its model
             display(insp.summary())
         return None
-    options = magics._inspect_options(args)  # the same options, checked the same way, as %inspect
+    options = inspect_options(args)  # the same options, checked the same way, as %inspect
     try:
         new = Discovery(**options)
     except (TypeError, ValueError) as e:
@@ -55,7 +56,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
         finder.stop()
     magics.finder = new.start()
     _clean_runs(magics, new)
-    magics._start_flushing()
+    magics.start_flushing()
     return None
 
 

@@ -12,11 +12,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..borrow import Borrowed
-from .arguments import parse_line
+from .arguments import inspect_options, parse_line
 
 _ACTIONS = ("off", "show")
-# Parsed arguments that are the magic's own; every other option is inspect()'s, by its name.
-_MAGIC_ONLY = ("what", "name", "live")
 
 
 def _options(func):
@@ -106,7 +104,7 @@ class InspectMagics(Magics):
         if previous is not None:
             previous.stop()
         self.inspectors[args.what] = insp.start()
-        self._start_flushing()
+        self.start_flushing()
         if args.live:
             insp.live()
         return None
@@ -195,19 +193,9 @@ class InspectMagics(Magics):
         from ..inspection.engine import Inspector
 
         try:
-            return Inspector(model, **self._inspect_options(args))
+            return Inspector(model, **inspect_options(args))
         except (TypeError, ValueError) as e:  # e.g. a TorchScript module
             raise UsageError(f"%inspect: {e}") from None
-
-    def _inspect_options(self, args) -> dict[str, Any]:
-        """inspect()'s keyword arguments from a parsed line: every option but the magic's own,
-        by its name, so an option added to `_options` reaches inspect() and `%inspect all`."""
-        if args.every < 1:
-            raise UsageError(f"%inspect: --every must be a positive integer, got {args.every}.")
-        if args.max_rows is not None and args.max_rows < 1:
-            raise UsageError(f"%inspect: --max-rows must be a positive integer, got "
-                             f"{args.max_rows}.")
-        return {key: value for key, value in vars(args).items() if key not in _MAGIC_ONLY}
 
     def _known(self, name: str | None) -> list[str]:
         if name is None:
@@ -226,7 +214,8 @@ class InspectMagics(Magics):
         if self.finder is not None and self.finder.active:
             self.finder.flush()
 
-    def _start_flushing(self) -> None:
+    def start_flushing(self) -> None:
+        """Flush every inspector after each cell (once per shell; `%inspect all` asks too)."""
         if self._events is None:
             owner = Borrowed("%inspect: statistics at the end of each cell")
             self.shell.events.register("post_run_cell", self._flush_callback)

@@ -26,7 +26,8 @@ import torch
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
-from . import cuda_on_cpu
+from . import cpu_streams
+from .under_cpu import under_cpu
 
 _CPU_NOTE = ("singlecard_nb: torch.accelerator.{}() under `%singlecard cpu` is {}: this "
              "session's one device is the CPU (is_available() stays False and device_count() 0, "
@@ -43,14 +44,14 @@ def install(owner: Borrowed, device: torch.device, notices: Notices) -> None:
     if not available():
         return
     _patch_selection(owner, device, notices)
-    if device.type == "cuda":
+    if not under_cpu(device):
         return
     acc = torch.accelerator
     cpu = torch.device("cpu")
     _for_user(owner, "current_accelerator", lambda *a, **k: cpu, notices, "device('cpu')")
     for name in ("current_device_index", "current_device_idx"):
         _for_user(owner, name, lambda *a, **k: 0, notices, "0")
-    stream = cuda_on_cpu.CpuStream()
+    stream = cpu_streams.CpuStream()
     _for_user(owner, "current_stream", lambda *a, **k: stream, notices,
               "the CPU's one stream (waiting returns at once)")
     _for_user(owner, "set_stream", lambda *a, **k: None, notices,
@@ -85,7 +86,7 @@ def _for_user(owner: Borrowed, name: str, answer: Callable, notices: Notices, sa
 
 def _patch_selection(owner: Borrowed, device: torch.device, notices: Notices) -> None:
     acc = torch.accelerator
-    on_gpu = device.type == "cuda"
+    on_gpu = not under_cpu(device)
 
     def say(call: str, requested: Any) -> None:
         notices.say("accelerator.select", lambda: (

@@ -18,7 +18,7 @@ Each decision, and why (also in the README, "Multi-GPU code on one card"):
   available, disabling".
 - `torch.amp.GradScaler("cuda")` and `torch.cuda.amp.GradScaler`: a CPU GradScaler that really
   scales, instead of a disabled one.
-- `torch.cuda.Event(enable_timing=True)`: records the CPU's clock, so `elapsed_time` times
+- `torch.cuda.Event(enable_timing=True)` (cpu_streams.py): records the CPU's clock, so `elapsed_time` times
   the work between two records (CPU work is done when its call returns; `synchronize`, `wait`,
   `query` have nothing to wait for). Streams (`Stream`, `current_stream`, `default_stream`,
   `with torch.cuda.stream(s)`, `wait_stream`, `record_event`) run in order on the CPU: nothing
@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,6 +54,7 @@ import torch
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from . import cpu_streams
 
 _ZERO_COUNTERS = ("memory_allocated", "max_memory_allocated", "memory_reserved",
                   "max_memory_reserved", "memory_cached", "max_memory_cached")
@@ -79,7 +79,7 @@ def install(owner: Borrowed, device: torch.device, notices: Notices) -> None:
     _patch(owner, "mem_get_info", lambda original: _mem_get_info(notices))
     _patch_autocast(owner, device, notices)
     _patch_grad_scaler(owner, device, notices)
-    _patch_events_and_streams(owner, notices)
+    cpu_streams.install(owner, notices)
     _patch_rng_state(owner, notices)
     _patch(owner, "current_device", lambda original: _current_device(notices))
     _patch(owner, "get_device_name", lambda original: _device_name())
@@ -218,110 +218,6 @@ def _warnings_at(frame: Any) -> Any:
         warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
                                module=frame.f_globals.get("__name__"),
                                registry=frame.f_globals.setdefault("__warningregistry__", {}))
-
-
-# --- events and streams: the CPU's clock, and nothing to wait for ---------------------------
-class CpuEvent:
-    """torch.cuda.Event where the GPU is the CPU: CPU work has finished when its call returns,
-    so recording an event reads the clock and waiting for one returns at once."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, **kwargs: Any) -> None:
-        self.enable_timing = enable_timing
-        self._recorded_at: float | None = None
-
-    def record(self, stream: Any = None) -> None:
-        self._recorded_at = time.perf_counter()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def elapsed_time(self, end_event: CpuEvent) -> float:
-        """Milliseconds from this event's record to `end_event`'s, as CUDA's."""
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if self._recorded_at is None or end_event._recorded_at is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._recorded_at - self._recorded_at) * 1e3
-
-    def __repr__(self) -> str:
-        return f"<torch.cuda.Event on the CPU (%singlecard cpu), timing={self.enable_timing}>"
-
-
-class CpuStream:
-    """torch.cuda.Stream where the GPU is the CPU: CPU operations run in order and are done
-    when they return, so a stream has nothing to wait for."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("cpu")
-        self.priority = priority
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: CpuEvent | None = None) -> CpuEvent:
-        event = CpuEvent() if event is None else event
-        event.record(self)
-        return event
-
-    def __repr__(self) -> str:
-        return "<torch.cuda.Stream on the CPU (%singlecard cpu)>"
-
-
-def _patch_events_and_streams(owner: Borrowed, notices: Notices) -> None:
-    default = CpuStream()
-
-    def announcing(cls: type, kind: str, note: str) -> type:
-        """`cls` as user code sees it: the notice comes with the first object made."""
-        class Announcing(cls):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                notices.say(kind, note)
-                super().__init__(*args, **kwargs)
-
-        Announcing.__name__ = Announcing.__qualname__ = cls.__name__.replace("Cpu", "")
-        return Announcing
-
-    owner.set_attr(torch.cuda, "Event", announcing(CpuEvent, "events", _EVENTS_NOTE),
-                   "torch.cuda.Event")
-    owner.set_attr(torch.cuda, "Stream", announcing(CpuStream, "streams", _STREAMS_NOTE),
-                   "torch.cuda streams")
-
-    def current_stream(device: Any = None) -> CpuStream:
-        notices.say("streams", _STREAMS_NOTE)
-        return default
-
-    def stream(stream: Any) -> contextlib.AbstractContextManager:
-        notices.say("streams", _STREAMS_NOTE)
-        return contextlib.nullcontext(stream)
-
-    def set_stream(stream: Any) -> None:
-        notices.say("streams", _STREAMS_NOTE)
-
-    for name, fn in (("current_stream", current_stream), ("default_stream", current_stream),
-                     ("stream", stream), ("set_stream", set_stream)):
-        _patch(owner, name, lambda original, fn=fn: fn)
-
-
-_EVENTS_NOTE = ("singlecard_nb: torch.cuda.Event under `%singlecard cpu` records the CPU's clock: "
-                "elapsed_time() times the CPU work between two records, and waiting returns at "
-                "once (CPU work has finished when its call returns).")
-_STREAMS_NOTE = ("singlecard_nb: torch.cuda streams under `%singlecard cpu` are the CPU's one "
-                 "stream: operations run in order, and waiting or synchronising returns at once.")
 
 
 # --- random state: the CPU generator's, as manual_seed --------------------------------------

@@ -31,6 +31,7 @@ from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from .conversions import Conversions
 from .groups import Groups
+from .under_cpu import under_cpu
 
 
 def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Notices,
@@ -50,14 +51,14 @@ def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Noti
         outer = depth[0] == 0
         requested = arguments.get("device_id")
         arguments["device_id"] = _device_id(requested, device)
-        if device.type != "cuda" and arguments.get("sync_module_states"):
+        if under_cpu(device) and arguments.get("sync_module_states"):
             arguments["sync_module_states"] = False
             notices.say("fsdp-sync", "singlecard_nb: FullyShardedDataParallel("
                         "sync_module_states=True) under `%singlecard cpu`: a world of one has no "
                         "other rank to broadcast to, so there is nothing to sync (FSDP1 would "
                         "refuse CPU tensors for it).", stacklevel=3)
         offload = arguments.get("cpu_offload")
-        if device.type != "cuda" and getattr(offload, "offload_params", False):
+        if under_cpu(device) and getattr(offload, "offload_params", False):
             arguments["cpu_offload"] = None
             notices.say("fsdp-offload", "singlecard_nb: FullyShardedDataParallel(cpu_offload="
                         "CPUOffload(offload_params=True)) under `%singlecard cpu`: the device is "
@@ -91,7 +92,7 @@ def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Noti
 def _device_id(requested: Any, device: torch.device) -> Any:
     """FSDP's device_id for the pinned device: the CPU under `cpu` (the only form FSDP1 accepts
     there), the pinned card for any GPU form, none where none was given on a GPU."""
-    if device.type != "cuda":
+    if under_cpu(device):
         return torch.device("cpu")
     if requested is None:
         return None  # FSDP takes the current device, which the pin selected

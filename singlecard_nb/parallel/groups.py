@@ -39,6 +39,7 @@ from torch import nn
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from . import world_size as world_size_notice
+from .under_cpu import under_cpu
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
 _CAPTURE_WORLD_AT_IMPORT = (
@@ -96,7 +97,7 @@ class Groups:
             if requested.get("pg_options") is not None and backend == requested.get("backend"):
                 options["pg_options"] = requested["pg_options"]
             if requested.get("device_id") is not None:
-                if self.device.type == "cuda":
+                if not under_cpu(self.device):
                     options["device_id"] = self.device  # any rank's card is the pinned card
                 else:
                     self.notices.say("device_id", lambda: (
@@ -192,7 +193,7 @@ class Groups:
     def _choose_backend(self, requested: Any) -> Any:
         """gloo on the cpu or where nccl is missing; otherwise what was asked (torch's default
         when nothing was)."""
-        on_gpu = self.device.type == "cuda"
+        on_gpu = not under_cpu(self.device)
         if requested is None:
             return None if on_gpu else "gloo"
         requested = str(requested).lower()

@@ -90,15 +90,13 @@ class Guards:
                 guard = _guard(frame, asked)
             if asked is not None and guard is not None:
                 self.notices.say("guard", lambda: (
-                    f"singlecard_nb: sys.exit() at {_where(frame)} stops the script after "
-                    f"{asked.call}() answered {asked.answer!r} at {asked.where} "
-                    f"(`{asked.line}`). Single-card mode runs every job as a world of one on "
-                    f"{self.device} and counts that one device truthfully, so the check at "
-                    f"{guard[0]} (`{guard[1]}`) asks for more devices than there are. To run "
-                    "the script here as a world of one, skip that check (only it) and size the "
-                    "job from WORLD_SIZE (1 here); a script that needs its ranks (tensor "
-                    "parallel, an even number of GPUs) runs as N ranks on this card with "
-                    "`%singlecard cpu --ranks N` (docs/ranks.md)."))
+                    f"singlecard_nb: sys.exit() at {_where(frame)} after {asked.call}() "
+                    f"answered {asked.answer!r} at {asked.where} (`{asked.line}`): the check at "
+                    f"{guard[0]} "
+                    f"(`{guard[1]}`) asks for more devices than {self.device}, the one counted "
+                    "here; skip that check to run as a world of one, or run the ranks a script "
+                    "needs with `%singlecard cpu --ranks N`. More: docs/single-card.md, "
+                    "\"GPU-count guards\"."))
             original(status)
 
         return wrap_like(original, exit)

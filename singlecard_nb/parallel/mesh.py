@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from .conversions import Conversions
+from .under_cpu import under_cpu
 
 # Modules that hold torch's init_device_mesh as an attribute users import it from.
 _HOLDERS = ("torch.distributed.device_mesh", "torch.distributed._tensor.device_mesh",
@@ -62,13 +63,13 @@ def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
         if ranks != world:
             raise MeshTooLargeError(_too_large(asked, shape, ranks, world, device,
                                                arguments.get("mesh_dim_names")))
-        if str(requested_type).startswith("cuda") and device.type != "cuda":
+        if str(requested_type).startswith("cuda") and under_cpu(device):
             arguments["device_type"] = device.type
             notices.say("mesh-cpu", lambda: (
                 f"singlecard_nb: {asked} under `%singlecard cpu` is a {device.type} mesh: this "
                 "session's one device is the CPU."))
         if not dist.is_initialized():  # torch would rendezvous through env:// instead
-            dist.init_process_group("gloo" if device.type != "cuda" else None)
+            dist.init_process_group("gloo" if under_cpu(device) else None)
         mesh = original(*call.args, **call.kwargs)
         conversions.record(asked, f"a {arguments['device_type']} mesh {shape}, a world of one")
         return mesh

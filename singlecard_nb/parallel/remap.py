@@ -28,6 +28,7 @@ from torch import nn
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from .pinned_memory import unpinned
+from .under_cpu import under_cpu
 
 # Functions in the torch namespace that take `device=` (keyword-only in all of them).
 FACTORIES = (
@@ -79,7 +80,7 @@ class Remapper:
             index = requested.index
         else:
             return None
-        if self.device.type != "cuda":
+        if under_cpu(self.device):
             return self.device  # pinned to the CPU: it is the one device there is
         if index is None or index == self.device.index:
             return None  # "cuda" is the current device, which single-card mode keeps pinned
@@ -161,7 +162,7 @@ def _patch_tensor_cuda(owner: Borrowed, remapper: Remapper) -> None:
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         if _compiling():
             return original(self, device, non_blocking, memory_format=memory_format)
-        if remapper.device.type != "cuda":  # pinned to the CPU: .cuda() means "the device"
+        if under_cpu(remapper.device):  # pinned to the CPU: .cuda() means "the device"
             remapper.say(".cuda", "tensor.cuda({})", NO_ARGUMENT if device is None else device)
             return to(self, remapper.device, non_blocking=non_blocking,
                       memory_format=memory_format)
@@ -184,7 +185,7 @@ def _patch_storage_cuda(owner: Borrowed, remapper: Remapper) -> None:
         original = cls.cuda
 
         def cuda(self, device=None, non_blocking=False, _original=original):
-            if remapper.device.type != "cuda":
+            if under_cpu(remapper.device):
                 remapper.say(".cuda", "storage.cuda({})", NO_ARGUMENT if device is None else device)
                 return self.to(device=remapper.device, non_blocking=non_blocking)
             if device is not None:
@@ -208,7 +209,7 @@ def _factory(original: Callable, remapper: Remapper, name: str) -> Callable:
             if new is not None:
                 remapper.say("device=", call, device)
                 kwargs["device"] = new
-        if kwargs.get("pin_memory") and remapper.device.type == "cpu" and not _compiling():
+        if kwargs.get("pin_memory") and under_cpu(remapper.device) and not _compiling():
             unpinned(kwargs, name, remapper.notices)  # the host is the device: as .pin_memory()
         return original(*args, **kwargs)
 
@@ -295,7 +296,7 @@ def _patch_set_device(owner: Borrowed, remapper: Remapper) -> None:
         # Every rank's card is the pinned card: cuda:0 under a hard pin (CUDA_VISIBLE_DEVICES),
         # cuda:N under a soft pin. Pinned to the CPU there is no card to select.
         pinned = remapper.device
-        if pinned.type != "cuda":
+        if under_cpu(pinned):
             remapper.say("set_device", "torch.cuda.set_device({})", device)
             return
         if remapper.target(device) is not None:
@@ -311,7 +312,7 @@ def _patch_cuda_device(owner: Borrowed, remapper: Remapper) -> None:
 
     def __init__(self, device):
         pinned = remapper.device
-        if pinned.type != "cuda":
+        if under_cpu(pinned):
             # Nothing to select: entering and leaving change nothing (and never start CUDA).
             self.idx = self.prev_idx = -1
             if device is not None and not (type(device) is int and device < 0):

@@ -2,8 +2,8 @@
 
 While single-card mode is on (`enable(device)`, called by `session.pin` with the pinned device):
 
-- `nn.DataParallel` and `nn.parallel.data_parallel(...)` run the module on the pinned device in
-  the calling thread: no replicas, no scatter/gather threads. The class is kept (its `__init__`
+- `nn.DataParallel` and `nn.parallel.data_parallel(...)` (wrappers.py) run the module on the
+  pinned device in the calling thread: no replicas, no scatter/gather threads. The class is kept (its `__init__`
   and `forward` are patched), so `isinstance`, `.module` and the `module.` prefix of
   `state_dict()` keys stay, and wrappers built before single-card mode are covered too.
 - `DistributedDataParallel` is the real DDP over a world of one, with its device arguments
@@ -21,27 +21,32 @@ original objects and environment, and closes the groups (and gloo listeners) it 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import socket
-import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.nn.utils.rnn import PackedSequence
 
-from ..borrow import Borrowed, wrap_like
+from ..borrow import Borrowed
 from ..notices import Notices
-from . import accelerator, cuda_on_cpu, fsdp, mesh, pinned_memory, remap, spawn, world_size
+from . import (
+    accelerator,
+    cuda_on_cpu,
+    fsdp,
+    mesh,
+    pinned_memory,
+    remap,
+    spawn,
+    world_size,
+    wrappers,
+)
 from .conversions import Conversions
 from .groups import Groups
 from .guards import Guards
+from .under_cpu import under_cpu
 
 __all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
@@ -85,7 +90,7 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         if _state.device == device and _state.world == world:
             return
         disable()
-    if device.type == "cuda" and torch.cuda.is_initialized():
+    if not under_cpu(device) and torch.cuda.is_initialized():
         # A soft re-pin selected its card through the previous session's set_device (which
         # sent it to the old card); select the new one now that the patch is gone.
         torch.cuda.set_device(device.index)
@@ -101,11 +106,11 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         # Registered first so it runs last, after the patches are gone; it also runs when
         # `borrow.restore_all()` (extension unload) restores this owner without disable().
         owner.on_restore(functools.partial(_forget, owner), _BOOKKEEPING)
-        _patch_data_parallel(owner)
-        _patch_ddp(owner, groups, notices)
+        wrappers.install(owner, device, groups, notices,
+                         functools.partial(_converted, conversions))
         groups.install(owner)
         remap.install(owner, remap.Remapper(device, notices))
-        if device.type != "cuda":
+        if under_cpu(device):
             cuda_on_cpu.install(owner, device, notices)
             pinned_memory.install(owner, notices)
         accelerator.install(owner, device, notices)
@@ -127,6 +132,12 @@ def disable() -> None:
     """Turn single-card mode off, restoring every patched torch object and variable exactly."""
     if _state.owner is not None:
         _state.owner.restore()  # runs _forget last
+
+
+def _converted(conversions: Conversions, what: str, became: str) -> None:
+    """A DataParallel or DDP wrapper was built while on: counted, and said in status."""
+    _state.wrappers += 1
+    conversions.record(what, became)
 
 
 def _forget(owner: Borrowed) -> None:
@@ -180,147 +191,6 @@ def report() -> dict:
     }
 
 
-# --- DataParallel -----------------------------------------------------------------------------
-def _patch_data_parallel(owner: Borrowed) -> None:
-    data_parallel = nn.DataParallel
-
-    def __init__(self, module, device_ids=None, output_device=None, dim=0):
-        super(data_parallel, self).__init__()
-        device = _state.device
-        self.module = module.to(device)
-        self.dim = dim
-        # What DataParallel itself records on a machine with just this device, so code reading
-        # these attributes (or DataParallel's own forward, after single-card mode ends) agrees.
-        self.device_ids = [device.index] if device.type == "cuda" else []
-        self.output_device = device.index if device.type == "cuda" else None
-        self.src_device_obj = device
-        self._singlecard_requested = {"device_ids": device_ids, "output_device": output_device}
-        _state.wrappers += 1
-        _state.conversions.record(f"DataParallel(device_ids={device_ids!r})",
-                                  f"the module on {device}, in the calling thread")
-
-    def forward(self, *inputs, **kwargs):
-        with torch.autograd.profiler.record_function("DataParallel.forward"):
-            return _run_on(_state.device, self.module, inputs, kwargs)
-
-    owner.set_attr(data_parallel, "__init__", wrap_like(data_parallel.__init__, __init__))
-    owner.set_attr(data_parallel, "forward", wrap_like(data_parallel.forward, forward))
-
-    # The functional form, `nn.parallel.data_parallel(module, inputs, device_ids)`.
-    functional = sys.modules["torch.nn.parallel.data_parallel"]
-    original = functional.data_parallel
-
-    def data_parallel_function(module, inputs, device_ids=None, output_device=None, dim=0,
-                               module_kwargs=None):
-        if not isinstance(inputs, tuple):
-            inputs = (inputs,) if inputs is not None else ()
-        return _run_on(_state.device, module, inputs, module_kwargs or {})
-
-    patched = wrap_like(original, data_parallel_function)
-    owner.set_attr(functional, "data_parallel", patched, "nn.parallel.data_parallel")
-    if getattr(nn.parallel, "data_parallel", None) is original:
-        owner.set_attr(nn.parallel, "data_parallel", patched, "nn.parallel.data_parallel")
-
-
-def _run_on(device: torch.device, module: nn.Module, inputs: tuple, kwargs: dict) -> Any:
-    # Covers modules that sit elsewhere (wrappers built before single-card mode).
-    _ensure_on(module, device)
-    return module(*_move(inputs, device), **_move(kwargs, device))
-
-
-# --- DistributedDataParallel ------------------------------------------------------------------
-# The real DDP over a world of one, not a pass-through: libraries (Lightning, Hugging Face,
-# accelerate) reach for its reducer, logger, _get_ddp_logging_data(), bucket_bytes_cap, comm
-# hooks and static graph, and users expect its complaint about unused parameters. Its cost (the
-# reducer's gradient buckets, DDP's forward bookkeeping) is measured in benchmarks/.
-def _patch_ddp(owner: Borrowed, groups: Groups, notices: Notices) -> None:
-    ddp = DistributedDataParallel
-    original = ddp.__init__
-    signature = inspect.signature(original)
-
-    def __init__(self, module, *args, **kwargs):
-        # Bind to the installed torch's own signature: same argument errors, any torch version.
-        call = signature.bind(self, module, *args, **kwargs)
-        arguments = call.arguments
-        requested = arguments.get("device_ids")
-        _fix_devices(module, arguments, _state.device, notices)
-        if arguments.get("process_group") is None and arguments.get("device_mesh") is None \
-                and not dist.is_initialized() and groups.world == 1:
-            notices.say("ddp-group", "singlecard_nb: DistributedDataParallel built without "
-                                     "init_process_group: single-card mode formed a world of one "
-                                     "(rank 0) for it.")
-            groups.form()
-        try:
-            original(*call.args, **call.kwargs)
-        except BaseException:
-            # Ctrl-C or an error half-way: the wrapper is never handed out, but a traceback
-            # keeps it, and with it the group and its gloo listener, alive. Let go of both now.
-            groups.release(self)
-            raise
-        groups.track(self)
-        _state.wrappers += 1
-        _state.conversions.record(
-            f"DistributedDataParallel(device_ids={requested!r})",
-            f"the real DDP on {_state.device}, a world of one")
-
-    owner.set_attr(ddp, "__init__", wrap_like(original, __init__))
-
-    original_setstate = ddp.__setstate__
-
-    def __setstate__(self, state):
-        original_setstate(self, state)  # copy.deepcopy / pickle: bound to the default group
-        groups.track(self)
-
-    owner.set_attr(ddp, "__setstate__", wrap_like(original_setstate, __setstate__))
-
-
-def _fix_devices(module: nn.Module, arguments: dict, device: torch.device,
-                 notices: Notices) -> None:
-    """DDP's device arguments (and the module) for the pinned device.
-
-    On a GPU: `device_ids=[any]` / `output_device=any` become the pinned card, and a module on
-    another card moves to it. On the CPU there are no device ids (real DDP rejects them for a
-    CPU module), and a module left on a GPU moves to the CPU. More than one id is left for
-    DDP to refuse, with its own message.
-    """
-    device_ids, output_device = arguments.get("device_ids"), arguments.get("output_device")
-    if device_ids is not None and len(device_ids) > 1:
-        return
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        if device_ids or output_device is not None or _on_cuda(module):
-            _ensure_on(module, device)
-        new_ids = [device.index] if device_ids else device_ids
-        new_output = None if output_device is None else device.index
-    else:
-        if _on_cuda(module):
-            module.to(device)
-        new_ids, new_output = None, None
-    if list(new_ids or []) != [_index(d) for d in device_ids or []] or (
-            output_device is not None and new_output != _index(output_device)):
-        notices.say("ddp-devices", lambda: (
-            f"singlecard_nb: DistributedDataParallel(device_ids={device_ids!r}"
-            + (f", output_device={output_device!r}" if output_device is not None else "")
-            + f") runs on {device}" + (" (a CPU module takes no device ids)" if not on_gpu
-                                      else "") + "."), stacklevel=3)
-    if "device_ids" in arguments or new_ids is not None:
-        arguments["device_ids"] = new_ids
-    if "output_device" in arguments or new_output is not None:
-        arguments["output_device"] = new_output
-
-
-def _index(device: Any) -> Any:
-    if isinstance(device, torch.device):
-        return device.index
-    if isinstance(device, str):
-        return torch.device(device).index
-    return device
-
-
-def _on_cuda(module: nn.Module) -> bool:
-    return any(t.device.type == "cuda" for t in _tensors(module))
-
-
 # --- the torchrun environment -----------------------------------------------------------------
 def _provide_torchrun_env(owner: Borrowed, environ: MutableMapping[str, str] | None = None) -> None:
     environ = os.environ if environ is None else environ
@@ -344,30 +214,3 @@ def _normalise(device: torch.device | str) -> torch.device:
         # Asking torch for the current device would start CUDA; the pin is always explicit.
         device = torch.device("cuda", 0)
     return device
-
-
-def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
-    return chain(module.parameters(), module.buffers())
-
-
-def _ensure_on(module: nn.Module, device: torch.device) -> None:
-    if any(t.device != device for t in _tensors(module)):
-        module.to(device)
-
-
-def _move(obj: Any, device: torch.device) -> Any:
-    """Move tensors in nested tuples / lists / dicts to `device`, as DataParallel's scatter does."""
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == device else obj.to(device)
-    if isinstance(obj, PackedSequence):  # its batch_sizes must stay on the CPU
-        return obj.to(device)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_move(item, device) for item in obj))
-    if isinstance(obj, tuple):
-        return tuple(_move(item, device) for item in obj)
-    if isinstance(obj, list):
-        return [_move(item, device) for item in obj]
-    if isinstance(obj, dict) and obj:
-        return type(obj)((key, _move(value, device)) for key, value in obj.items())
-    return obj
-

@@ -33,14 +33,10 @@ def say(notices: Notices, size: int, source: str, stacklevel: int = 3) -> None:
             "docs/single-card.md, \"The job's world size\"."), stacklevel=stacklevel)
         return
     notices.say("world", lambda: (
-        f"singlecard_nb: {source} is a job of {size} ranks; single-card mode runs this process "
-        f"alone, as rank 0 of a world of one. A script that splits its global batch by the world "
-        f"size (per-rank batch = global // {size}, nanoGPT's gradient_accumulation_steps //= "
-        f"{size}) does 1/{size} of the job's work per step here: its global batch is {size}x "
-        f"smaller than the job's, and counts it prints per step (tokens per iteration) are the "
-        f"job's, not this process's. For the job's batch, multiply the per-rank batch or "
-        f"accumulation by {size}; for a one-card job, leave WORLD_SIZE unset (single-card mode "
-        f"provides 1). `%singlecard off` runs real multi-process code."), stacklevel=stacklevel)
+        f"singlecard_nb: {source} is a job of {size} ranks, run here as a world of one: a script "
+        f"that splits its global batch by the world size does 1/{size} of the job's work per "
+        f"step (multiply its per-rank batch or accumulation by {size} for the job's). More: "
+        "docs/single-card.md, \"The job's world size\"."), stacklevel=stacklevel)
 
 
 def outside_this_package() -> int:

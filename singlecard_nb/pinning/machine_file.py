@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,9 @@ _GPU_KEYS = {"index", "uuid", "name", "pci_bus_id", "memory_total", "memory_used
 _PROCESS_KEYS = {"pid", "user", "memory", "name"}
 _MIG_KEYS = {"index", "uuid", "name", "memory_total", "memory_used", "unknown", "unusable"}
 _ABSENT = object()
+# A description of hundreds of GPUs with their processes is some hundred KiB; beyond this a file
+# is no machine description (and reading it would cost its size in memory)
+MAX_FILE_BYTES = 4 << 20
 
 Unknown = tuple[tuple[str, str], ...]  # (field, why it could not be read)
 
@@ -48,8 +53,7 @@ def read(path: str) -> dict[str, Any]:
     """The checked fields of the machine described in file `path` (raises MachineFileError)."""
     where = f"{MACHINE_ENV}={path}"
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _regular_file_text(path, where)
     except OSError as e:
         raise MachineFileError(f"{where}: cannot read the file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -68,6 +72,31 @@ def read(path: str) -> dict[str, Any]:
         return check(data)
     except ValueError as e:
         raise MachineFileError(f"{where}: {e}") from None
+
+
+def _regular_file_text(path: str, where: str) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES. Opened without blocking and
+    checked before reading: a FIFO would wait for a writer forever, /dev/zero never ends."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MachineFileError(f"{where}: not a regular file (a {_kind(info.st_mode)}); "
+                                   "point it at a JSON file describing the machine")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise MachineFileError(f"{where}: {len(data):,}+ bytes, larger than a machine "
+                               f"description can be ({MAX_FILE_BYTES:,} bytes at most)")
+    return data.decode("utf-8")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 # --- one field at a time ----------------------------------------------------------------------

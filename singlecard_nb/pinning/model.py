@@ -89,6 +89,14 @@ class GpuInfo:
         return f"GPU {self.index} ({self.name}, {self.uuid or 'UUID unknown'})"
 
 
+def visible_uuid(gpu: GpuInfo | None, mig: MigInfo | None) -> str | None:
+    """The UUID CUDA_VISIBLE_DEVICES is given for a pin to `gpu` (its MIG device `mig`'s when
+    there is one); None for the CPU."""
+    if mig is not None:
+        return mig.uuid
+    return None if gpu is None else gpu.uuid
+
+
 @dataclass(frozen=True, repr=False)
 class Machine:
     gpus: tuple[GpuInfo, ...]

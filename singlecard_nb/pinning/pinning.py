@@ -79,12 +79,12 @@ def pin(
         try:
             machine = devices.read_machine(environ_before(environ, current_pin))
         except devices.MachineFileError as e:
-            if text.lower() != "cpu":
+            if not text.is_cpu:
                 raise
             # the CPU pin names no GPU: a broken description of them must not stop it
             machine = Machine(gpus=(), reason=str(e), driver_version=None, source="unreadable")
     driver = driver_probe.driver_state() if driver is None else driver
-    return apply(plan_pin(target, machine, environ, driver, current=current_pin,
+    return apply(plan_pin(text, machine, environ, driver, current=current_pin,
                           set_default=set_default, force=force))
 
 

@@ -64,7 +64,7 @@ def plan_pin(
     """
     import torch
 
-    text = normalise(target)
+    text = normalise(target)  # pin() hands its PinTarget on: this takes it as it is
     base_env = environ_before(environ, current)
     machine = machine.with_ordinals(base_env)
     choice = resolve(text, machine, force)
@@ -72,7 +72,7 @@ def plan_pin(
     # variables that made it stay (they keep describing this process and its children).
     keep_env = driver.started and current is not None and current.hard
     env_before = dict(current.env_before) if current is not None else env_values(environ)
-    common = dict(target=text, gpu=choice.gpu, mig=choice.mig, environ=environ,
+    common = dict(target=str(text), gpu=choice.gpu, mig=choice.mig, environ=environ,
                   keep_env=keep_env, set_default=set_default, env_before=env_before,
                   driver=driver, replaces=current)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .driver import DriverState
-from .model import GpuInfo, MigInfo
+from .model import GpuInfo, MigInfo, visible_uuid
 from .render import mig_number
 
 if TYPE_CHECKING:
@@ -39,9 +39,7 @@ class PinnedDevice:
     @property
     def uuid(self) -> str | None:
         """The UUID given to CUDA_VISIBLE_DEVICES (the MIG device's for a MIG pin)."""
-        if self.mig is not None:
-            return self.mig.uuid
-        return None if self.gpu is None else self.gpu.uuid
+        return visible_uuid(self.gpu, self.mig)
 
 
 @dataclass(frozen=True)

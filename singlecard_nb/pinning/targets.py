@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .model import GpuInfo, Machine, MigInfo
+from .model import GpuInfo, Machine, MigInfo, visible_uuid
 from .render import gib, mig_label, mig_number
 
 
@@ -29,9 +29,7 @@ class Choice:
 
     @property
     def uuid(self) -> str | None:
-        if self.mig is not None:
-            return self.mig.uuid
-        return None if self.gpu is None else self.gpu.uuid
+        return visible_uuid(self.gpu, self.mig)
 
 
 def _accepted(machine: Machine) -> str:
@@ -43,20 +41,33 @@ def _accepted(machine: Machine) -> str:
             "memory) or 'cpu' (hide all GPUs)")
 
 
-def normalise(target: Any) -> str:
+class PinTarget(str):
+    """A pin target checked and stripped: it names one device (an index, a UUID or a prefix of
+    one, "auto" or "cpu"). `normalise` makes it once; who is handed one passes it on as it is."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.lower() == "cpu"
+
+
+def normalise(target: Any) -> PinTarget:
+    """`target` (an int or a string) as a PinTarget, or TargetError for what names no one
+    device; a PinTarget is already normalised and comes back as it is."""
+    if isinstance(target, PinTarget):
+        return target
     # bool is an int subclass; `pin(True)` is a mistake, not GPU 1.
     if isinstance(target, bool) or not isinstance(target, (int, str)):
         raise TargetError(f"{target!r} is not a pin target: give one device as an int or a string")
     if isinstance(target, int):
         if target < 0:
             raise TargetError(f"{target!r} is not a GPU index: indices start at 0")
-        return str(target)
+        return PinTarget(target)
     text = target.strip()
     if not text:
         raise TargetError("an empty string is not a pin target")
     if re.search(r"[\s,;]", text):
         raise TargetError(f"{text!r} names more than one device; pin exactly one")
-    return text
+    return PinTarget(text)
 
 
 def _usable(device: GpuInfo | MigInfo, force: bool) -> bool:

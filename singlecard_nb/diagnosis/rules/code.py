@@ -11,6 +11,7 @@ import re
 
 from torch import nn
 
+from ...job import launched_world_size
 from ..failure import LENGTH_NAMES, Failure, ints, search
 
 _SIZE_NAMES = re.compile(r"head|embed|embd|d_model|hidden|dim|size")
@@ -42,7 +43,23 @@ def view_invalid_shape(f: Failure) -> str | None:
     else:
         text = (f"In the forward of {f.label}, {f.code()} asks for shape {shape} ({known} "
                 f"elements) from a tensor of {size} elements")
-    return text + _size_attributes(f.module)
+    return text + _world_sized(f, shape) + _size_attributes(f.module)
+
+
+def _world_sized(f: Failure, shape: list[int]) -> str:
+    """A size that is the batch this rank got × the job's world size: the global batch."""
+    world = launched_world_size()
+    named = f.source is not None and re.search(r"world_size|WORLD_SIZE|get_world_size",
+                                               f.source)
+    batches = {int(t.shape[0]) for _, t in f.tensors() if t.dim() >= 1}
+    for s in shape:
+        for w in ([world] if world > 1 else []) + ([2, 4, 8] if named else []):
+            if s > 0 and s % w == 0 and s // w in batches:
+                return (f": {s} is {s // w} × {w}, the global batch (each rank's batch × the "
+                        f"world size {w}), while this rank's tensors have batch {s // w}; size "
+                        "the view by the tensor itself (x.size(0), or -1), not by the global "
+                        "batch")
+    return ""
 
 
 _RESAMPLING = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Upsample)

@@ -41,19 +41,28 @@ def non_finite(f: Failure) -> str | None:
     for name, t in f.own_tensors():
         count = _non_finite_count(t)
         if count:
+            cause = getattr(err, "cause", None)
             return (f"{f.label} has {count} in its own {name}, so its {what} does too: the "
                     "parameters were corrupted before this step (a NaN/Inf gradient, a learning "
-                    "rate too high, or a bad checkpoint)")
+                    "rate too high, or a bad checkpoint)" + (f"; {cause}" if cause else ""))
     floats = [t for _, t in f.tensors() if t.is_floating_point()]
     absmax = max((_finite_absmax(t) for t in floats), default=float("nan"))
     size = f" (absmax {absmax:.3g})" if math.isfinite(absmax) else ""
-    if err.inf and any(t.dtype == torch.float16 for t in floats):
-        return (f"{f.label} computes in float16, whose largest value is 65504: its finite "
-                f"inputs{size} overflowed to {counts(err.nan, err.inf)} in its {what}; compute "
-                "this layer in float32 or bfloat16, or scale its inputs down")
+    half = getattr(err, "dtype", None)
+    if half not in _HALF:
+        half = next((dtype_name(t.dtype) for t in floats if dtype_name(t.dtype) in _HALF), None)
+    if err.inf and half is not None:
+        return (f"{half} overflow: {f.label} computes in {half}, whose largest value is "
+                f"{_HALF[half]}: its finite inputs{size} overflowed to "
+                f"{counts(err.nan, err.inf)} in its {what}; compute this layer in float32 (under "
+                "autocast: outside it, or with a GradScaler only for the backward), or scale its "
+                "inputs down")
     return (f"{f.label} turned finite inputs{size} and finite parameters into "
             f"{counts(err.nan, err.inf)} in its {what}: an operation in its forward produced "
             "them (log or sqrt of a negative number or zero, a division by zero, exp overflow)")
+
+
+_HALF = {"float16": "65504", "bfloat16": "3.39e38"}
 
 
 def device_side_assert(f: Failure) -> str | None:

@@ -26,11 +26,11 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ...borrow import Borrowed
-from .. import engine
-from ..engine import Inspector
+from ...borrow import Borrowed, uninterrupted
+from ..engine import Inspector, recording_inspector
 from ..recording.calls import calls_on_stack
 from ..recording.compile_watch import compile_listeners
+from ..recording.copies import Uncopied
 from .model_rules import (
     COPY_CLASSES,
     call_kwargs,
@@ -68,6 +68,7 @@ class Discovery:
         self._marks: list = []  # handles of our hooks on the models found (_look_again_after)
         self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
         self._owner: Borrowed | None = None
+        self._uncopied = Uncopied()  # our marks, left out of pickles
         self._hook_id: int | None = None
         self._hook = self._on_call  # one bound object: in and out of torch's table
         self._rearm = self._on_return
@@ -90,25 +91,31 @@ class Discovery:
             return self
         if _current is not None and _current is not self:
             _current.stop()
-        owner = Borrowed("inspect all: finding models")
-        try:
-            handle = register_module_forward_pre_hook(self._hook)
-            self._hook_id = handle.id
-            owner.add_handle(handle, "global forward pre-hook finding models")
-            compile_listeners.add(self._compile_listener)
-            owner.on_restore(lambda: compile_listeners.discard(self._compile_listener),
-                             "torch.compile listener")
-            # torch warns at each compiled wrapper's call that global hooks exist: ours skips it
-            warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
-            entry = warnings.filters[0]
-            owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
-            owner.on_restore(self._stop_inspectors, "inspectors of the models found")
-            owner.on_restore(self._remove_marks, "hooks on the models found")
+        try:  # a Ctrl-C (held back until the owner holds it all) or a failure: nothing stays
+            with uninterrupted():
+                owner = Borrowed("inspect all: finding models")
+                try:
+                    handle = owner.add_hook(lambda: register_module_forward_pre_hook(self._hook),
+                                            "global forward pre-hook finding models")
+                    self._hook_id = handle.id
+                    compile_listeners.add(self._compile_listener)
+                    owner.on_restore(lambda: compile_listeners.discard(self._compile_listener),
+                                     "torch.compile listener")
+                    # torch warns at each compiled wrapper's call that global hooks exist:
+                    # ours skips it
+                    warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
+                    entry = warnings.filters[0]
+                    owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
+                    owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+                    owner.on_restore(self._remove_marks, "hooks on the models found")
+                except BaseException:
+                    owner.restore()
+                    raise
+                self._owner = owner
+                _current = self
         except BaseException:
-            owner.restore()
+            self.stop()
             raise
-        self._owner = owner
-        _current = self
         return self
 
     def stop(self) -> Discovery:
@@ -160,6 +167,7 @@ class Discovery:
         marks, self._marks = self._marks, []
         for handle in marks:
             handle.remove()
+        self._uncopied.give_back()
 
     def _stop_inspectors(self) -> None:
         for insp in list(self._inspectors.values()):
@@ -236,14 +244,12 @@ class Discovery:
         if not fresh:
             return  # its hooks were there before this call began: they record it
         if outer is not None:
-            insp._attach.end_probes()
-            if method is not None and insp.model is outer:
-                insp._calls.open_midway(method)  # this training_step is step 0
+            insp.found_in_method(method if insp.model is outer else None)
         elif candidate is model and insp.model is model:
-            # Found in this call's pre-hooks: torch has taken the list of the model's own
-            # pre-hooks already, so the step this call is begins here (its root hook, added
-            # to the module's forward hooks, which torch reads after forward, ends it).
-            insp._calls.on_root_pre(model, args, call_kwargs(sys._getframe(2)))
+            # Found in this call's pre-hooks: the step this call is begins here (its root
+            # hook, added to the module's forward hooks, which torch reads after forward,
+            # ends it).
+            insp.found_in_call(args, call_kwargs(sys._getframe(2)))
 
     def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
         """The model's inspector, and whether it is new: a model the user inspects already
@@ -252,8 +258,8 @@ class Discovery:
         self._names[name] += 1
         if self._names[name] > 1:
             name = f"{name}#{self._names[name]}"
-        insp = engine._active.get(id(inner))
-        fresh = insp is None or insp.model is not inner
+        insp = recording_inspector(inner)
+        fresh = insp is None
         if fresh:
             insp = Inspector(model, **self.options).start()
         else:
@@ -272,7 +278,11 @@ class Discovery:
         exception). The hook is ours on a module we know, so a copy of it shows as a copy."""
         if not any(getattr(hook, "__self__", None) is self
                    for hook in module._forward_hooks.values()):
-            self._marks.append(module.register_forward_hook(self._rearm, always_call=True))
+            with uninterrupted():  # taken back by _remove_marks (the owner runs it)
+                handle = module.register_forward_hook(self._rearm, always_call=True)
+                self._marks.append(handle)
+            # a pickle (torch.save) of the model never holds it; a deep copy does: a copy
+            self._uncopied.hook(module, handle, deep_copies_keep=True)
 
     def _is_copy(self, model: nn.Module) -> bool:
         inner = getattr(model, "_orig_mod", model)

@@ -33,7 +33,10 @@ def unwrapped(module: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
 
 
 def has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
+    """Whether `module` has parameters of real tensors: a copy made of fake tensors
+    (`scn.fit`'s: shapes without memory, each with its `fake_mode`) is no model."""
+    first = next(module.parameters(), None)
+    return first is not None and getattr(first, "fake_mode", None) is None
 
 
 def other_call_below(frame: Any, module: nn.Module) -> bool:

@@ -15,7 +15,7 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
                         squares out of float32's range (values beyond ~1e18 or below ~1e-18),
                         or `exact_std`. A strided view is copied first. Until the kernel is
                         ready, or where it cannot be built, torch reductions do the same
-                        (a few reads per tensor).
+                        (`reductions.py`: a few reads per tensor, sums in float64).
     small tensors       on a GPU, and on a CPU before the kernel is ready: tensors of at most
                         SMALL_NUMEL values are copied (an activation is never referenced after
                         its hook), grouped by shape and reduced together when the step is
@@ -23,7 +23,11 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
     GPU tensors         torch reductions on the device, sums in float64, every count taken on
                         the device; all of a step's raw rows reach the host in one transfer.
 
-Exactness: min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
+Subclasses are read through their data (`plain`): a Parameter's, a DTensor's local shard, a
+MaskedTensor's unmasked values; a wrapper without memory of its own (a FakeTensor) is never read
+(its `data_ptr()` is 0: the kernel would read address 0).
+
+Exactness (the same on the kernel and the torch fallback): min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
 float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
 std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so std has a
 relative error below 1e-4 at worst, and mean an error below 1e-5 of the values' spread (a float32
@@ -42,23 +46,27 @@ import numpy as np
 import torch
 
 from . import native
+from .reductions import (
+    CANCELLATION_LIMIT,
+    FLOAT64_SQUARES_FIT,
+    RAW,
+    reduce_cpu,
+    reduce_on_device,
+    reduce_rows,
+    wide,
+)
+from .staging import Staging
+
+__all__ = ["CANCELLATION_LIMIT", "EMPTY", "RAW", "SMALL_NUMEL", "VALUES", "StepStats", "finish",
+           "plain", "reducible"]
 
 VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
-RAW = ("min", "max", "shift", "s1", "s2", "nan", "inf", "nonzero")  # s1 = sum(x - shift), s2 of squares
 EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
 SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)
-# A second, centred pass when the mean square exceeds the variance this many times: the
-# one-pass variance loses about log10(ratio) digits of the float32 sums' precision.
-CANCELLATION_LIMIT = 10.0
-_AMINMAX_NUMEL = 200_000  # below this one aminmax beats amin + amax (fewer dispatches)
-_ZERO_CHUNK = 1 << 18  # the torch path counts zeros in chunks: no tensor-sized temporary
 _CHUNK_BITS = 10  # the kernel's RAW rows come in chunks of 1024
 _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _ROW_BYTES = 8 * 8  # len(RAW) float64
-# Squares of values beyond this (or below its inverse) overflow (or lose digits to underflow)
-# in the accumulator's type: such tensors are summed in float64 by torch instead.
-_SQUARES_FIT = {torch.float32: 1e18, torch.float64: 1e150}
 
 _REDUCIBLE = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -73,12 +81,6 @@ def reducible(t: torch.Tensor) -> bool:
             and not t.is_meta)
 
 
-def _wide(device: torch.device) -> torch.dtype:
-    """The accumulation type for sums on an accelerator: float64, except on Apple's MPS,
-    which has none."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
 def _real_dtype(dtype: torch.dtype) -> torch.dtype:
     """The float type reductions run in: float64 keeps float64 and 32/64-bit integers (token
     ids and counts stay exact); half, bfloat16, small ints and bool accumulate in float32."""
@@ -91,6 +93,42 @@ def _as_real(x: torch.Tensor) -> torch.Tensor | None:
         return x.abs()  # magnitudes
     dtype = _real_dtype(x.dtype)
     return None if x.dtype == dtype else x.to(dtype)
+
+
+def plain(t: torch.Tensor) -> torch.Tensor | None:
+    """The dense tensor with memory of its own whose values `t` holds: `t` itself, a
+    Parameter's data, a DTensor's local shard (`to_local()`), a MaskedTensor's unmasked values,
+    a subclass's plain view; None where there is none to read (a FakeTensor, other wrapper
+    subclasses: their `data_ptr()` is 0)."""
+    if type(t) is torch.Tensor:
+        return t
+    with torch.no_grad():
+        if callable(getattr(t, "to_local", None)) and hasattr(t, "placements"):  # DTensor
+            local = t.to_local()
+            wait = getattr(local, "wait", None)  # an AsyncCollectiveTensor
+            return plain(wait() if callable(wait) and type(local) is not torch.Tensor
+                         else local)
+        if callable(getattr(t, "get_data", None)) and callable(getattr(t, "get_mask", None)):
+            data, mask = t.get_data(), t.get_mask()  # MaskedTensor: the values it holds
+            if type(data) is torch.Tensor and type(mask) is torch.Tensor:
+                return data.detach()[mask]
+            return None
+        d = t.detach()
+        if type(d) is not torch.Tensor:
+            try:
+                d = d.as_subclass(torch.Tensor)  # a subclass made by _make_subclass: real memory
+            except (RuntimeError, TypeError):
+                return None
+    if d.numel() and not _has_memory(d):
+        return None
+    return d
+
+
+def _has_memory(t: torch.Tensor) -> bool:
+    try:
+        return t.untyped_storage().data_ptr() != 0 or _is_zerotensor(t)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
 
 
 def _one_block(t: torch.Tensor) -> bool:
@@ -116,20 +154,6 @@ def _is_zerotensor(t: torch.Tensor) -> bool:
     return is_zero is not None and is_zero()
 
 
-def _squares_fit(dtype: torch.dtype, lo: float, hi: float) -> bool:
-    """Whether squares of values in [lo, hi] are safe to sum in `dtype`'s accumulators
-    (float32 for half types); a constant tensor needs no squares."""
-    bound = _SQUARES_FIT.get(dtype, 1e18)
-    largest = max(abs(lo), abs(hi))
-    return lo == hi or 1 / bound < largest < bound
-
-
-def _cancels(s2: float, spread: float) -> bool:
-    """Whether a variance `spread` (centred sum of squares) taken as s2 - (sum)^2 / n from a
-    sum of squares `s2` has lost too many digits."""
-    return spread <= 0 or s2 > CANCELLATION_LIMIT * spread
-
-
 def finish(raw: np.ndarray, n: np.ndarray) -> np.ndarray:
     """VALUES ([k, 8] float64) from RAW rows ([k, 8]) of tensors of `n` ([k]) elements."""
     lo, hi, shift, s1, s2, nan, inf, nonzero = raw.T
@@ -143,46 +167,6 @@ def finish(raw: np.ndarray, n: np.ndarray) -> np.ndarray:
         absmax = np.maximum(np.abs(lo), np.abs(hi))  # NaN stays NaN
         zeros = (n - nonzero) / n
     return np.stack([mean, np.sqrt(var), lo, hi, absmax, nan, inf, zeros], axis=1)
-
-
-class _Staging:
-    """Copies of same-shaped small tensors, written row by row into preallocated chunks.
-
-    Rows of a chunk rather than one clone each: a step then holds a few tensor objects instead
-    of thousands, which keeps Python's garbage collector from walking the user's model.
-    """
-
-    __slots__ = ("shape", "dtype", "device", "slots", "chunks", "filled", "capacity")
-
-    def __init__(self, shape: tuple, dtype: torch.dtype, device: torch.device):
-        self.shape, self.dtype, self.device = shape, dtype, device
-        self.slots: list[int] = []
-        self.chunks: list[torch.Tensor] = []
-        self.filled = 0  # rows used in the last chunk
-        self.capacity = 0  # rows in the last chunk (an int: len(tensor) is slow Python)
-
-    def add(self, x: torch.Tensor, slot: int) -> int:
-        """Copy `x` into the next row (converting its dtype); returns the bytes reserved."""
-        reserved = 0
-        if self.filled == self.capacity:
-            rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
-            # A normal tensor even under inference_mode: a step can mix inference_mode calls
-            # with normal ones, and an inference tensor cannot be written outside it.
-            with torch.inference_mode(False):
-                self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
-                                               device=self.device))
-            self.filled, self.capacity = 0, rows
-            reserved = self.chunks[-1].nbytes
-        self.chunks[-1][self.filled].copy_(x)
-        self.filled += 1
-        self.slots.append(slot)
-        return reserved
-
-    def matrix(self) -> torch.Tensor:
-        """All copies as one [k, n] matrix."""
-        last = self.chunks[-1][: self.filled]
-        stacked = torch.cat([*self.chunks[:-1], last]) if len(self.chunks) > 1 else last
-        return stacked.reshape(len(self.slots), -1)
 
 
 class StepStats:
@@ -200,7 +184,7 @@ class StepStats:
         self._raw: dict[int, tuple] = {}  # slot -> RAW already on the host
         self._numel: dict[int, int] = {}  # slot -> number of elements, for `finish`
         self._tables: list[tuple[list[int], np.ndarray]] = []  # many slots' RAW at once
-        self._small: dict[tuple, _Staging] = {}  # (device, dtype, shape) -> deferred copies
+        self._small: dict[tuple, Staging] = {}  # (device, dtype, shape) -> deferred copies
         self._small_bytes = 0
         # RAW on an accelerator: device -> (slots, [RAW] vectors or [k, RAW] tables)
         self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
@@ -226,10 +210,12 @@ class StepStats:
             if kernel is not None and not _is_zerotensor(t):  # a ZeroTensor has no memory
                 try:  # a strided or negated view is copied first: still fewer reads than torch's
                     block = t if _one_block(t) else t.resolve_neg().contiguous()  # alive in the call
-                    kernel(block.data_ptr(), n, self.exact_std, self._row_address(slot))
-                    if t.dtype is torch.float64:
-                        self._check_range(slot, block)
-                    return slot
+                    address = block.data_ptr() if type(block) is torch.Tensor else 0
+                    if address:  # 0: a subclass' shell without memory (reading it: a segfault)
+                        kernel(address, n, self.exact_std, self._row_address(slot))
+                        if t.dtype is torch.float64:
+                            self._check_range(slot, block)
+                        return slot
                 except RuntimeError:  # no storage to read (functorch wrappers): torch reads it
                     pass
             if not self._kernels and self._build and not native.started():
@@ -246,7 +232,7 @@ class StepStats:
             if kernel is not None:  # a converted copy (integers, complex magnitudes)
                 kernel(v.data_ptr(), n, self.exact_std, self._row_address(slot))
             else:
-                self._raw[slot] = self._reduce_cpu(v, n)
+                self._raw[slot] = reduce_cpu(v, n, self.exact_std)
             if v.dtype is torch.float64:
                 self._check_range(slot, v)
         elif immediate:  # the trap reads at once: this synchronises, as documented
@@ -266,9 +252,12 @@ class StepStats:
             raw = self._chunks[slot >> _CHUNK_BITS][0][slot & _CHUNK_MASK]
         lo, hi = float(raw[0]), float(raw[1])
         largest = max(abs(lo), abs(hi))
-        if lo == hi or not math.isfinite(largest) or 1e-150 < largest < 1e150:
+        if (lo == hi or not math.isfinite(largest)
+                or 1 / FLOAT64_SQUARES_FIT < largest < FLOAT64_SQUARES_FIT):
             return
-        scale = 2.0 ** math.floor(math.log2(largest))  # exact: only the exponent changes
+        # exact (only the exponent changes), and never beyond float64: log2 of its largest
+        # value rounds to 1024, 2.0 ** 1024 raised OverflowError and the step's rows were lost
+        scale = math.ldexp(1.0, math.frexp(largest)[1] - 1)
         y = v.reshape(-1) / scale
         mean, std = (y.mean() * scale).item(), (y.std() * scale).item()
         zeros = 1.0 - float(raw[7]) / v.numel()
@@ -323,6 +312,12 @@ class StepStats:
             self._chunks.append((rows, rows.ctypes.data))  # one append: pairs stay together
         return self._chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
 
+    def _reduce_on_device(self, v: torch.Tensor, n: int) -> torch.Tensor:
+        zero = self._zero.get(v.device)
+        if zero is None:
+            zero = self._zero[v.device] = torch.zeros((), dtype=wide(v.device), device=v.device)
+        return reduce_on_device(v, n, self.exact_std, zero)
+
     def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
         dtype = x.dtype
         if dtype.is_complex:
@@ -332,109 +327,19 @@ class StepStats:
         key = (x.device, staged_dtype, shape)
         staging = self._small.get(key)
         if staging is None:
-            staging = self._small[key] = _Staging(shape, staged_dtype, x.device)
+            staging = self._small[key] = Staging(shape, staged_dtype, x.device)
         self._small_bytes += staging.add(x, slot)  # a copy, never the activation itself
         if self._small_bytes > DEFER_BYTES_LIMIT:
             self._reduce_small()
 
-    def _reduce_cpu(self, v: torch.Tensor, n: int) -> tuple:
-        """Torch reductions of a float32/float64 CPU tensor: before the kernel is ready, or
-        where it cannot be built. Same RAW as the kernel's (onepass.c), the same way."""
-        if n <= _AMINMAX_NUMEL:
-            lo_t, hi_t = torch.aminmax(v)
-        else:  # amin + amax: ~1.4x faster than aminmax on large CPU tensors
-            lo_t, hi_t = v.amin(), v.amax()
-        lo, hi = lo_t.item(), hi_t.item()
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
-            return (lo, hi, 0.0, v.sum().item(), math.nan, nan, inf,
-                    n - int((v == 0).sum()))
-        nonzero = n if lo > 0 or hi < 0 else _count_nonzero(v)
-        s1 = v.sum().item()
-        if v.is_contiguous():  # a BLAS dot is ~1.7x faster than vector_norm here
-            flat = v.view(-1)
-            s2 = torch.dot(flat, flat).item()
-        else:
-            s2 = torch.linalg.vector_norm(v).item() ** 2
-        shift = 0.0
-        if lo != hi and (self.exact_std or not (math.isfinite(s1) and math.isfinite(s2))
-                         or not _squares_fit(v.dtype, lo, hi) or _cancels(s2, s2 - s1 * s1 / n)):
-            exact = v.double()  # the rare exact path: centred, in float64
-            shift = exact.mean().item()
-            centred = (exact - shift).reshape(-1)
-            s1, s2 = centred.sum().item(), torch.dot(centred, centred).item()
-        return lo, hi, shift, s1, s2, 0, 0, nonzero
-
-    def _reduce_on_device(self, v: torch.Tensor, n: int) -> torch.Tensor:
-        """RAW of an accelerator tensor as a float64 vector on its device: nothing is read,
-        so all counts are taken (no synchronisation) and sums accumulate in float64."""
-        f64 = _wide(v.device)
-        lo, hi = torch.aminmax(v)
-        counts = torch.stack([torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)])
-        if self.exact_std:
-            shift = v.sum(dtype=f64) / n
-            centred = v.to(f64) - shift
-            sums = torch.stack([shift, centred.sum(), torch.linalg.vector_norm(centred).square()])
-        else:
-            zero = self._zero.get(v.device)
-            if zero is None:
-                zero = self._zero[v.device] = torch.zeros((), dtype=f64, device=v.device)
-            sums = torch.stack([zero, v.sum(dtype=f64),
-                                torch.linalg.vector_norm(v, dtype=f64).square()])
-        return torch.cat([torch.stack([lo, hi]).to(f64), sums, counts.to(f64)])
-
     def _reduce_small(self) -> None:
-        # Per-row reductions over a [k, n] stack. Measured on the CPU: amin + amax are ~40x
-        # faster than aminmax(dim=1), and a centred norm ~20x faster than var_mean.
         for (device, _dtype, _shape), staging in self._small.items():
-            slots, m = staging.slots, staging.matrix()
-            n = m.shape[1]
-            on_cpu = device.type == "cpu"
-            lo, hi = m.amin(dim=1), m.amax(dim=1)
-            # float64 sums on a GPU (as for large tensors: nothing is read to decide), and on a
-            # CPU for values whose float32 squares could overflow or underflow
-            if m.dtype != torch.float64:
-                bound = _SQUARES_FIT[torch.float32]
-                largest = torch.maximum(lo.abs(), hi.abs())
-                if not on_cpu or bool(((largest >= bound)
-                                       | ((largest <= 1 / bound) & (lo != hi))).any()):
-                    m = m.to(_wide(device))
-            shift = m.sum(dim=1) / n
-            centred = m - shift.unsqueeze(1)
-            norm = torch.linalg.vector_norm(centred, dim=1)
-            finite = on_cpu and bool(torch.isfinite(lo).all() & torch.isfinite(hi).all())
-            if finite:  # NaN/Inf counts needed only when something is not finite
-                nan = inf = torch.zeros_like(lo)
-                nonzero = m.sign().abs_().sum(dim=1)
-            else:
-                nan, inf = torch.isnan(m).sum(dim=1), torch.isinf(m).sum(dim=1)
-                nonzero = torch.count_nonzero(m, dim=1)
-            f64 = _wide(device)
-            table = torch.stack([lo.to(f64), hi.to(f64), shift.to(f64), centred.sum(dim=1).to(f64),
-                                 norm.to(f64).square(), nan.to(f64), inf.to(f64),
-                                 nonzero.to(f64)], dim=1)
-            if on_cpu:
-                self._tables.append((slots, table.numpy()))
+            table = reduce_rows(staging.matrix())
+            if device.type == "cpu":
+                self._tables.append((staging.slots, table.numpy()))
             else:  # stays on the device until `collect` moves everything at once
                 pending_slots, tables = self._on_device.setdefault(device, ([], []))
-                pending_slots.extend(slots)
+                pending_slots.extend(staging.slots)
                 tables.append(table)
         self._small = {}
         self._small_bytes = 0
-
-
-def _count_nonzero(v: torch.Tensor) -> int:
-    """Non-zeros of a finite CPU tensor: dot(sign, sign) is several times faster than
-    count_nonzero there; taken in chunks, so no temporary as large as the tensor is made."""
-    if not v.is_contiguous():
-        return int(torch.count_nonzero(v))
-    flat = v.view(-1)
-    if flat.numel() <= _ZERO_CHUNK:
-        signs = flat.sign()
-        return round(torch.dot(signs, signs).item())
-    buffer = torch.empty(_ZERO_CHUNK, dtype=flat.dtype)
-    total = 0
-    for chunk in flat.split(_ZERO_CHUNK):
-        signs = torch.sign(chunk, out=buffer[: chunk.numel()])
-        total += round(torch.dot(signs, signs).item())  # exact: at most 2**18 ones
-    return total

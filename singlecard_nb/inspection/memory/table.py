@@ -151,13 +151,16 @@ def memory_table(model: nn.Module | None, targets: dict, ledger: MemoryLedger,
 
 
 class MemoryWatch:
-    """memory=True's part of an Inspector: the ledger (handed to the recorder, which feeds it),
-    the optimisers seen stepping the model, and the table published for the OOM rule."""
+    """memory=True's part of an Inspector and the owner of its ledger (which the recorder and
+    the call tracker are handed, and feed), the optimisers seen stepping the model, and the
+    table published for the OOM rule.
 
-    def __init__(self, model: nn.Module, calls: Any, recorder: Any, diagnostics: Any):
-        self._calls = calls
-        self.ledger = MemoryLedger(model, lambda: calls.targets, diagnostics)
-        recorder.memory = self.ledger
+    targets: the inspected modules now (id(module) -> Target), asked each time.
+    """
+
+    def __init__(self, model: nn.Module, targets: Callable[[], dict], diagnostics: Any):
+        self._targets = targets
+        self.ledger = MemoryLedger(model, targets, diagnostics)
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
         self._model = weakref.ref(model)
         self._published = self.now  # one bound object: withdrawing compares it by identity
@@ -171,11 +174,11 @@ class MemoryWatch:
 
     def table(self, model: nn.Module | None, optimizer: Any = None) -> MemoryTable:
         optimizers = [optimizer] if optimizer is not None else list(self._optimizers)
-        return memory_table(model, self._calls.targets, self.ledger, optimizers, pinned_card())
+        return memory_table(model, self._targets(), self.ledger, optimizers, pinned_card())
 
     def now(self) -> dict:
         """What the out-of-memory rule reads: path -> {kind: bytes}, this step so far."""
-        return module_bytes(self._model(), self._calls.targets, self.ledger.current(),
+        return module_bytes(self._model(), self._targets(), self.ledger.current(),
                             list(self._optimizers))
 
     def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:

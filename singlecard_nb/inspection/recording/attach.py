@@ -20,10 +20,11 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from ...borrow import Borrowed, Listeners
+from ...borrow import Borrowed, Listeners, uninterrupted
 from ..diagnostics import Diagnostics
 from ..targets import Target
 from .calls import CallTracker, StepMethod
+from .copies import Uncopied
 from .recorder import Recorder
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
@@ -76,8 +77,8 @@ class _OptimizerListeners(Listeners):
     def install(self, owner: Borrowed) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        owner.add_handle(register_optimizer_step_post_hook(eager(self._dispatch)),
-                         "optimizer step hook (all params=True inspectors)")
+        owner.add_hook(lambda: register_optimizer_step_post_hook(eager(self._dispatch)),
+                       "optimizer step hook (all params=True inspectors)")
 
     def _dispatch(self, optimizer, args, kwargs) -> None:
         for listener in self.listeners:  # a tuple: replaced, never changed, while we loop
@@ -85,6 +86,21 @@ class _OptimizerListeners(Listeners):
 
 
 _optimizer_listeners = _OptimizerListeners()
+
+
+class _OptimizerPreListeners(_OptimizerListeners):
+    """The same, just before each optimiser step (params=True: parameters copied for Δw)."""
+
+    name = "inspect: optimizer step pre-hook"
+
+    def install(self, owner: Borrowed) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        owner.add_handle(register_optimizer_step_pre_hook(eager(self._dispatch)),
+                         "optimizer step pre-hook (all params=True inspectors)")
+
+
+_optimizer_pre_listeners = _OptimizerPreListeners()
 
 
 class Attachment:
@@ -112,43 +128,54 @@ class Attachment:
                on_detach: Callable[[], None]) -> None:
         """Attach every hook and patch; on failure nothing stays. `on_detach` runs when the
         owner gives them back (by `detach`, or by `borrow.restore_all` on unload)."""
-        owner = Borrowed(self._name)
-        try:
-            self._model = model  # strongly, until the owner gives everything back
+        with uninterrupted():  # a Ctrl-C meanwhile comes once the owner holds every hook
+            owner = Borrowed(self._name)
+            try:
+                self._attach_all(owner, model, wrapper, targets, calls, recorder, params,
+                                 on_detach)
+            except BaseException:
+                owner.restore()
+                raise
+            self._owner = owner
 
-            def detached() -> None:  # runs last: after every hook is gone
-                self._model = None
-                on_detach()
+    def _attach_all(self, owner: Borrowed, model: nn.Module, wrapper: nn.Module | None,
+                    targets: dict[int, Target], calls: CallTracker, recorder: Recorder,
+                    params: bool, on_detach: Callable[[], None]) -> None:
+        self._model = model  # strongly, until the owner gives everything back
 
-            owner.on_restore(detached, "inspector state")
-            calls.targets, calls.hooked = targets, dict(targets)
-            self._forward_hook = calls.on_forward
-            self._run_compiled_modules_eagerly(owner, model, wrapper)
-            self._attach_late(owner, model, calls)  # before the root's: those are not the user's
-            # The root hooks always run eagerly, also where torch.compile traces the model from
-            # outside (compiled code then bypasses the module hooks: the root hook says so).
-            owner.add_handle(model.register_forward_pre_hook(
-                eager(calls.on_root_pre), with_kwargs=True), "root pre-hook")
-            owner.add_handle(model.register_forward_hook(
-                eager(calls.on_root_post), always_call=True), "root hook")
-            for name in STEP_METHODS:  # Lightning drives a LightningModule through these
-                method = getattr(model, name, None)
-                if callable(method) and getattr(method, "__self__", None) is model:
-                    owner.set_attr(model, name, StepMethod(calls, method), f"{name} is a step")
-            owner.on_restore(self.remove_hook, "module forward hooks")
-            owner.on_restore(recorder.remove_tensor_hooks, "gradient hooks on this step's tensors")
-            if recorder.grads:
-                self._attach_param_hooks(owner, model, targets, calls, recorder)
-            if params:
-                self._attach_optimizer_hook(owner, model, targets, calls, recorder)
-            if calls.manual_steps and calls.recording:
-                self.install_hook()  # a manual step records every call until step()
-            elif recorder.step < 0:
-                self._attach_probes(owner, model, calls)
-        except BaseException:
-            owner.restore()
-            raise
-        self._owner = owner
+        def detached() -> None:  # runs last: after every hook is gone
+            self._model = None
+            on_detach()
+
+        owner.on_restore(detached, "inspector state")
+        uncopied = Uncopied()  # torch.save(model), deepcopy: without our hooks
+        owner.on_restore(uncopied.give_back, "copies of the model without our hooks")
+        calls.targets, calls.hooked = targets, dict(targets)
+        self._forward_hook = calls.on_forward
+        self._run_compiled_modules_eagerly(owner, model, wrapper)
+        # before the root's: those are not the user's
+        self._attach_late(owner, model, calls, uncopied)
+        # The root hooks always run eagerly, also where torch.compile traces the model from
+        # outside (compiled code then bypasses the module hooks: the root hook says so).
+        uncopied.hook(model, owner.add_hook(lambda: model.register_forward_pre_hook(
+            eager(calls.on_root_pre), with_kwargs=True), "root pre-hook"))
+        uncopied.hook(model, owner.add_hook(lambda: model.register_forward_hook(
+            eager(calls.on_root_post), always_call=True), "root hook"))
+        for name in STEP_METHODS:  # Lightning drives a LightningModule through these
+            method = getattr(model, name, None)
+            if callable(method) and getattr(method, "__self__", None) is model:
+                owner.set_attr(model, name, StepMethod(calls, method), f"{name} is a step")
+                uncopied.attribute(model, name)
+        owner.on_restore(self.remove_hook, "module forward hooks")
+        owner.on_restore(recorder.remove_tensor_hooks, "gradient hooks on this step's tensors")
+        if recorder.grads:
+            self._attach_param_hooks(owner, model, targets, calls, recorder)
+        if params:
+            self._attach_optimizer_hook(owner, model, targets, calls, recorder)
+        if calls.manual_steps and calls.recording:
+            self.install_hook()  # a manual step records every call until step()
+        elif recorder.step < 0:
+            self._attach_probes(owner, model, calls)
 
     def listen_to_optimizers(self, listener: Callable) -> None:
         """`listener(optimizer, args, kwargs)` after every torch.optim step while attached."""
@@ -203,8 +230,9 @@ class Attachment:
         (or once it has spoken), so only calls made before that take torch's hook path.
         """
         probed = {id(child) for child in model.children()}
-        handle = register_module_forward_pre_hook(functools.partial(calls.on_child_probe, probed))
-        self._probes.append(owner.add_handle(handle, "probe: children called directly"))
+        hook = functools.partial(calls.on_child_probe, probed)
+        self._probes.append(owner.add_hook(lambda: register_module_forward_pre_hook(hook),
+                                           "probe: children called directly"))
 
     # --- module hooks and patches -----------------------------------------------------------
     def _run_compiled_modules_eagerly(self, owner: Borrowed, model: nn.Module,
@@ -247,7 +275,8 @@ class Attachment:
                   "insp.stop() gives the compiled code back.")
         return True
 
-    def _attach_late(self, owner: Borrowed, model: nn.Module, calls: CallTracker) -> None:
+    def _attach_late(self, owner: Borrowed, model: nn.Module, calls: CallTracker,
+                     uncopied: Uncopied) -> None:
         """torch runs global forward hooks before a module's own: a module with its own forward
         hooks (which may replace its output) is recorded by a hook of its own, added after them,
         so that its rows hold what its caller receives."""
@@ -257,8 +286,9 @@ class Attachment:
                     and not isinstance(module, torch.jit.ScriptModule)):
                 del calls.hooked[id(module)]
                 hook = functools.partial(calls.on_forward, own_hooks=True)
-                owner.add_handle(module.register_forward_hook(hook, with_kwargs=True),
-                                 f"forward hook after those of {target.path or 'the model'}")
+                uncopied.hook(module, owner.add_hook(
+                    lambda m=module, h=hook: m.register_forward_hook(h, with_kwargs=True),
+                    f"forward hook after those of {target.path or 'the model'}"))
 
     def _attach_param_hooks(self, owner: Borrowed, model: nn.Module, targets: dict[int, Target],
                             calls: CallTracker, recorder: Recorder) -> None:
@@ -272,8 +302,8 @@ class Attachment:
                     continue
                 seen.add(id(param))
                 hook = self._param_grad_hook(target, module, name, calls, recorder)
-                owner.add_handle(param.register_post_accumulate_grad_hook(hook),
-                                 f"grad hook {target.path}.{name}")
+                owner.add_hook(lambda p=param, h=hook: p.register_post_accumulate_grad_hook(h),
+                               f"grad hook {target.path}.{name}")
 
     def _param_grad_hook(self, target: Target, module: nn.Module, name: str,
                          calls: CallTracker, recorder: Recorder):
@@ -305,10 +335,17 @@ class Attachment:
             if self.active and calls.recording:
                 recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
 
+        def before_optimizer_step(optimizer, args, kwargs) -> None:
+            if self.active and calls.recording:
+                recorder.before_optimizer_step(optimizer, param_targets)
+
         _optimizer_listeners.add(on_optimizer_step)
+        _optimizer_pre_listeners.add(before_optimizer_step)
 
         def remove() -> None:
             _optimizer_listeners.discard(on_optimizer_step)
+            _optimizer_pre_listeners.discard(before_optimizer_step)
+            recorder.snapshots.clear()
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:
                 warnings.warn(

@@ -23,6 +23,7 @@ from torch import nn
 
 from ...errors import TRAP_FRAME
 from ..diagnostics import Diagnostics
+from ..memory.ledger import MemoryLedger
 from ..targets import Target
 from .recorder import Recorder
 
@@ -64,13 +65,15 @@ class CallTracker:
 
     hook: `install_hook()` / `remove_hook()` put torch's global module hook (routed to
     `on_forward`) in place and take it away; `end_probes()` ends the "called some other way"
-    probe (all from the attach owner).
+    probe (all from the attach owner). memory: memory=True's ledger, whose saved-tensor hooks
+    are pushed when a recorded call opens and popped when no call is open.
     """
 
     def __init__(self, model: nn.Module, recorder: Recorder, diagnostics: Diagnostics,
                  lock: threading.RLock, *, every: int, manual_steps: bool,
                  active: Callable[[], bool], install_hook: Callable[[], None],
-                 remove_hook: Callable[[], None], end_probes: Callable[[], None]):
+                 remove_hook: Callable[[], None], end_probes: Callable[[], None],
+                 memory: MemoryLedger | None = None):
         self.every = every
         self.manual_steps = manual_steps
         self.recording = False  # whether the current step is recorded
@@ -91,6 +94,7 @@ class CallTracker:
         self._active = active
         self._install_hook, self._remove_hook = install_hook, remove_hook
         self._end_probes = end_probes
+        self._memory = memory  # memory=True: its saved-tensor hooks span each recorded call
 
     def __deepcopy__(self, memo: dict) -> CallTracker:
         # A deepcopy of the inspected model (EMA, SWA) copies its hooks, and with them bound
@@ -110,15 +114,15 @@ class CallTracker:
         with self._lock:
             self.depth = self.root_depth = 0
             self._midway = None
-            if self._recorder.memory is not None:
-                self._recorder.memory.exit()
+            if self._memory is not None:
+                self._memory.exit()
 
     def _calls_ended(self) -> None:
         """No call of the model is open: the global hook goes unless the step spans calls."""
         if not self.spans_step():
             self._remove_hook()
-        if self._recorder.memory is not None:
-            self._recorder.memory.exit()
+        if self._memory is not None:
+            self._memory.exit()
 
     def begin_step(self) -> None:
         self._end_probes()  # a step began: the model is called the way the engine expects
@@ -159,8 +163,8 @@ class CallTracker:
             self._say("threads", _THREADS)
         elif opened[0] == 0 and (not self.manual_steps or self._recorder.step < 0):
             self.begin_step()
-        if opened is not None and opened[0] == 0 and self.recording and self._recorder.memory is not None:
-            self._recorder.memory.enter(kind == "root")  # memory=True: saves seen in the call
+        if opened is not None and opened[0] == 0 and self.recording and self._memory is not None:
+            self._memory.enter(kind == "root")  # memory=True: saves seen in the call
         return opened
 
     def open_midway(self, frame: Any) -> None:

@@ -22,9 +22,10 @@ from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
 from ...errors import TRAP_FRAME, NonFiniteError
 from ..diagnostics import Diagnostics
-from ..kernel.stats import VALUES, StepStats, reducible
+from ..kernel.stats import VALUES, StepStats, plain, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
 from ..targets import Target
+from .extras import Snapshots, channel_stats, channels_to_host, param_groups
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
 
@@ -54,6 +55,8 @@ class _Pending:
         self.stats = StepStats(exact_std)
         self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
+        self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
+        self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
 
 
 class Recorder:
@@ -66,11 +69,12 @@ class Recorder:
 
     active: whether the inspector's hooks are attached (a gradient hook of a stopped inspector
         that still fires records nothing).
+    memory: memory=True's ledger (its owner is the Inspector's memory part), or None.
     """
 
     def __init__(self, store: Store, diagnostics: Diagnostics, lock: threading.RLock,
                  active: Callable[[], bool], *, inputs: bool | str, trap: bool, grads: bool,
-                 exact_std: bool, hist_bins: int):
+                 exact_std: bool, hist_bins: int, memory: MemoryLedger | None = None):
         self.inputs, self.trap, self.grads = inputs, trap, grads
         self.exact_std, self.hist_bins = exact_std, hist_bins
         self.step = -1  # the step the pending rows belong to; the call tracker advances it
@@ -86,8 +90,12 @@ class Recorder:
         self._tensor_hooks: list = []  # gradient hooks put on this step's tensors
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
-        self.memory: MemoryLedger | None = None  # memory=True (the engine sets it)
+        self.memory = memory
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
+        self.snapshots = Snapshots(diagnostics.say)  # params=True: parameters before a step
+        # what the trap adds when a module's own weights are already non-finite (the engine
+        # asks the ranking: the first parameter that grew)
+        self.trap_cause: Callable[[], str | None] | None = None
 
     def begin_step(self) -> int:
         """The pending step reaches the host and the next one begins; returns its number."""
@@ -158,7 +166,8 @@ class Recorder:
         with self._lock:
             pending = self.pending
             slot = None
-            if reducible(t):
+            data = t if type(t) is torch.Tensor else self._plain(t)  # subclasses: their data
+            if data is not None and reducible(t):
                 shape = tuple(t.shape)
                 try:
                     version = t._version
@@ -169,7 +178,7 @@ class Recorder:
                         and cached[1] == version):
                     slot = cached[2]  # a container's output seen again: reuse its statistics
                 else:
-                    slot = pending.stats.add(t, shape, immediate=self.trap)
+                    slot = pending.stats.add(data, shape, immediate=self.trap)
                     if len(self._seen) >= _SEEN_WINDOW:
                         self._seen.clear()
                     self._seen[id(t)] = (weakref.ref(t), version, slot)
@@ -185,14 +194,31 @@ class Recorder:
             if self.memory is not None:
                 pending.memory.append(self._memory_row(target, io, t))
             full = len(pending.rows) >= pending.max_rows
-            if target.hist and io == "output" and slot is not None and t.numel():
-                self.guarded(self._take_histogram, target, t)
+            if target.hist and io == "output" and slot is not None and data.numel():
+                self.guarded(self._take_histogram, target, data)
+            if io == "input" and not target.path and call == 0 and slot is not None:
+                self.guarded(self._take_channels, target, index, data)
         if full:  # steps="manual" without step(): pending rows stay bounded too
             self.flush()
         if values is not None:
-            self._check_finite(target, call, io, index, values, inputs)
+            self._check_finite(target, call, io, index, values, inputs, dtype, target.ref())
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
+
+    def _plain(self, t: torch.Tensor) -> torch.Tensor | None:
+        """A subclass's data to reduce (a Parameter's, a DTensor's local shard, a MaskedTensor's
+        values), or None, said once per kind: a row with its shape, without statistics."""
+        try:
+            data = plain(t)
+        except Exception as e:  # a subclass's own method failing: no statistics, said once
+            data, why = None, f"reading it raised {type(e).__name__}: {e}"
+        else:
+            why = "it holds no memory of its own to read (a wrapper subclass)"
+        if data is None:
+            kind = type(t).__name__
+            self._diagnostics.say(f"subclass:{kind}", f"{kind} tensors get rows without "
+                                  f"statistics: {why}. Their shapes and dtypes are recorded.")
+        return data
 
     def _memory_row(self, target: Target, io: str, t: torch.Tensor) -> tuple:
         if io != "output":
@@ -200,7 +226,8 @@ class Recorder:
         saved, self._call_saved = self._call_saved, 0.0  # the call's first output row has it
         return self.memory.output(t, target.path), saved, peak_bytes(t)
 
-    def _check_finite(self, target, call, io, index, values, inputs) -> None:
+    def _check_finite(self, target, call, io, index, values, inputs, dtype=None,
+                      module=None) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
         nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
@@ -210,11 +237,21 @@ class Recorder:
                 inputs_finite = all(
                     bool(torch.isfinite(t).all()) for _, t in walk_tensors(inputs)
                     if reducible(t) and (t.is_floating_point() or t.is_complex()))
+            bad_params = [name for name, p in (module.named_parameters(recurse=False)
+                                               if module is not None else ())
+                          if p.is_floating_point() and not bool(torch.isfinite(p).all())]
             self.flush()
+            cause = self.trap_cause() if bad_params and self.trap_cause is not None else None
             # The trap: this module's output holds NaN/Inf. The explanation under the traceback
             # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
-                                 nan, inf, inputs_finite)
+                                 nan, inf, inputs_finite, dtype=dtype_name(dtype),
+                                 bad_params=bad_params, cause=cause)
+
+    def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
+        stats = channel_stats(t)
+        if stats is not None:
+            self.pending.channels[index or "[0]"] = (tuple(t.shape), stats)
 
     def _take_histogram(self, target: Target, t: torch.Tensor) -> None:
         values = torch.nan_to_num(t.detach().float(), nan=0.0, posinf=0.0, neginf=0.0)
@@ -274,13 +311,20 @@ class Recorder:
             handle.remove()
 
     # --- optimiser steps (params=True) ------------------------------------------------------
+    def before_optimizer_step(self, optimizer, param_targets: dict) -> None:
+        """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
+        self.guarded(self.snapshots.take, optimizer, param_targets)
+
     def record_optimizer_step(self, optimizer, param_targets: dict, buffer_modules: list) -> None:
-        """The parameters `optimizer` updated (and the gradients it used); the buffers once per
-        step, after its first optimiser step, when this step's forward has updated them."""
+        """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
+        the buffers once per step, after its first optimiser step, when this step's forward has
+        updated them; the param groups' lr and weight decay."""
         mine = [(p, *param_targets[id(p)]) for group in optimizer.param_groups
                 for p in group["params"] if id(p) in param_targets]
         if mine:
             self.optimizer_steps += 1
+            with self._lock:
+                self.pending.optimizer[id(optimizer)] = param_groups(optimizer, param_targets)
             if "buffers" not in self.calls:  # once per step (calls is cleared at each)
                 self.calls["buffers"] = 1
                 for target, module in buffer_modules:
@@ -297,6 +341,10 @@ class Recorder:
             if param.grad is not None:
                 self.guarded(self.record_tensor, target, call, "step_grad", name, param.grad,
                              training)
+            update = self.snapshots.update(param)
+            if update is not None:
+                self.guarded(self.record_tensor, target, call, "update", name, update, training)
+        self.snapshots.clear()
 
     # --- to the host ------------------------------------------------------------------------
     def flush(self) -> None:
@@ -315,5 +363,20 @@ class Recorder:
                 self._failed(e, f"statistics of step {rows[0][0]}")
                 values = np.full((n, len(VALUES)), np.nan)
             memory = np.array(pending.memory[:n], dtype=float) if self.memory else None
-            self._store.receive(rows, values, pending.hists, memory)
+            extras = self._extras(pending, rows[0][0])
+            self._store.receive(rows, values, pending.hists, memory, extras)
         self._store.tell_listeners()
+
+    def _extras(self, pending: _Pending, step: int) -> dict | None:
+        """What the step holds beside its rows, by name (channels cross to the host here)."""
+        if not pending.channels and not pending.optimizer:
+            return None
+        extras: dict = {"step": step}
+        try:
+            if pending.channels:
+                extras["channels"] = channels_to_host(pending.channels)
+        except Exception as e:
+            self._failed(e, f"input channels of step {step}")
+        if pending.optimizer:
+            extras["optimizer"] = [g for groups in pending.optimizer.values() for g in groups]
+        return extras

@@ -37,6 +37,9 @@ class StepRecord:
     values: np.ndarray
     rank: int
     memory: np.ndarray | None = None  # memory=True: [rows, 3] of MEMORY_COLUMNS
+    # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
+    # "optimizer": [{"optimizer", "group", "lr", "weight_decay", "params"}]} (extras.py)
+    extras: dict | None = None
     _first_rows: dict[tuple, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def first_rows(self, io: str, training: bool | None = None) -> dict[str, int]:
@@ -76,10 +79,11 @@ class Store:
 
     def receive(self, rows: list[tuple], values: np.ndarray,
                 hists: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                memory: np.ndarray | None = None) -> None:
-        """Keep one (part of a) step: its rows, their VALUES, histograms and memory columns."""
+                memory: np.ndarray | None = None, extras: dict | None = None) -> None:
+        """Keep one (part of a) step: its rows, their VALUES, histograms, memory columns and
+        what the ranking reads beside them (extras)."""
         with self._lock:
-            record = StepRecord(rows, values, rank(), memory)
+            record = StepRecord(rows, values, rank(), memory, extras)
             for path, (counts, lo_hi) in hists.items():
                 try:
                     lo, hi = lo_hi.tolist()
@@ -135,7 +139,7 @@ class Store:
             else:
                 memory = oldest.memory[excess:] if oldest.memory is not None else None
                 self._records[0] = StepRecord(oldest.meta[excess:], oldest.values[excess:],
-                                              oldest.rank, memory)
+                                              oldest.rank, memory, oldest.extras)
                 excess = 0
 
 

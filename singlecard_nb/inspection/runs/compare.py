@@ -34,7 +34,7 @@ __all__ = ["Comparison", "Divergence", "RankComparison", "STATE_IO", "as_frame",
 
 # What DDP keeps identical on every rank: parameters after each optimiser step and the gradients
 # the step used (after the all-reduce). Recorded by inspect(model, params=True).
-STATE_IO = ("param", "step_grad")
+STATE_IO = ("param", "step_grad", "update")  # update: Δw of the step, equal under DDP too
 
 
 def as_frame(x: Any):
@@ -91,7 +91,9 @@ class RankComparison:
 
     first: the earliest `Divergence` (its `rank` says which rank differs), or None. ranks: the
     ranks that differ from the reference rank. pairs: rank -> its `Comparison`. odd: the one
-    rank that parts from all the others (the reference itself when the rest agree), or None.
+    rank that parts from all the others, by majority (the reference itself when the rest agree
+    among themselves), or None: two ranks, where no majority can say which is wrong, or no
+    single rank parts from the rest.
     """
 
     def __init__(self, frame, stats, rtol: float, atol: float, inputs: bool | str):
@@ -192,19 +194,27 @@ class RankComparison:
     def _headline(self) -> str:
         if not self.pairs:
             return "one rank only: nothing to compare"
+        if self.first is None and not any(c.counts[COMPARED] for c in self.pairs.values()):
+            return (f"nothing compared across the {len(self.all_ranks)} ranks: no row of rank "
+                    f"{self.reference} has its counterpart on another rank (record with "
+                    "params=True, the rows DDP keeps equal, on every rank)")
         if self.first is None:
             return (f"all {len(self.all_ranks)} ranks agree with rank {self.reference} within "
                     f"rtol={self.rtol:g}, atol={self.atol:g}")
-        others = ", ".join(str(r) for r in self.ranks)
-        who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
         first = dataclasses.replace(self.first, rank=None)
-        odd = ""
+        if len(self.all_ranks) == 2:
+            a, b = self.all_ranks
+            return (f"rank {a} and rank {b} differ (two ranks: no majority says which one is "
+                    f"wrong); first divergence: {first}")
         if self.odd is not None:
             rest = [r for r in self.all_ranks if r != self.odd]
-            odd = (f"rank {self.odd} is the odd one (ranks {', '.join(map(str, rest))} agree "
-                   "with each other): ")
-        return (f"{odd}{who} from rank {self.reference}; first divergence, on rank "
-                f"{self.first.rank}: {first}")
+            return (f"rank {self.odd} is the odd one (ranks {', '.join(map(str, rest))} agree "
+                    f"with each other); first divergence, between rank {self.reference} and rank "
+                    f"{self.first.rank}: {first}")
+        others = ", ".join(str(r) for r in self.ranks)
+        who = f"ranks {others} differ" if len(self.ranks) > 1 else f"rank {others} differs"
+        return (f"{who} from rank {self.reference} (no one rank parts from all the others); "
+                f"first divergence, on rank {self.first.rank}: {first}")
 
     def _repr_html_(self) -> str:
         parts = [f"<div class='singlecard-compare-ranks {theme.NO_MATH_CLASSES}'><p><b>"

@@ -233,29 +233,99 @@ def _read_one(path: Path):
                          f"written by insp.save()): {type(e).__name__}: {e}") from e
 
 
+# The kinds `_kind` writes; `astype` is given nothing else (a crafted "S2000000000" would
+# allocate gigabytes per row)
+_NUMERIC_KINDS = frozenset(
+    [f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)]
+    + [f"{sign}Int{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64)]
+    + [f"float{bits}" for bits in (16, 32, 64)] + ["Float32", "Float64"])
+_KINDS = _NUMERIC_KINDS | {"tuple", "json", "str", "bool", "boolean"}
+_LENGTH_SLACK = 1 << 16  # SQLite's longest value may exceed the file by this little
+
+
 def _read_tables(path: Path):
+    """The frame and metadata of one file, reading only the tables and columns `save` writes;
+    nothing a value or the schema holds can make it bigger than the file (bounded)."""
     import pandas as pd
 
+    where = repr(str(path))
     # a path, never a URI: '#' or '%' in a file name would otherwise cut or change it
     uri = f"{Path(path).resolve().as_uri()}?mode=ro"
     db = sqlite3.connect(uri, uri=True)
     try:
-        # Only real tables: a crafted view (a recursive one) could run without end.
-        tables = {row[0] for row in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not {ROWS_TABLE, COLUMNS_TABLE, META_TABLE} <= tables:
-            raise _NotRecords(f"{str(path)!r} is an SQLite file but not one written by insp.save()")
-        meta = {k: json.loads(v) for k, v in db.execute(f"SELECT key, value FROM {META_TABLE}")}
-        kinds = dict(db.execute(f"SELECT name, kind FROM {COLUMNS_TABLE} ORDER BY position"))
-        frame = pd.read_sql_query(f"SELECT * FROM {ROWS_TABLE}", db)
+        # no value (nor row) longer than the file: a generated column or a function in the
+        # schema could otherwise make gigabytes from a few bytes
+        limit = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
+        if limit is not None and hasattr(db, "setlimit"):
+            db.setlimit(limit, max(os.path.getsize(path), 0) + _LENGTH_SLACK)
+        db.execute("PRAGMA trusted_schema = OFF")
+        # Only real tables, made by CREATE TABLE: a crafted view (a recursive one) could run
+        # without end, a virtual table reads what its module wants.
+        schema = {name: sql for name, sql in db.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+        mine = (ROWS_TABLE, COLUMNS_TABLE, META_TABLE)
+        if not all(str(schema.get(t, "")).lstrip().upper().startswith("CREATE TABLE")
+                   for t in mine):
+            raise _NotRecords(f"{where} is an SQLite file but not one written by insp.save()")
+        for table, names in ((COLUMNS_TABLE, ("position", "name", "kind")),
+                             (META_TABLE, ("key", "value"))):
+            _ordinary_columns(db, table, names, where)
+        meta = {}
+        for key, value in db.execute(f"SELECT key, value FROM {META_TABLE}"):
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise _NotRecords(f"{where}: its metadata holds a {type(key).__name__} key "
+                                  f"{_short(key)} (or value): not one written by insp.save()")
+            meta[key] = json.loads(value)
+        kinds = {}
+        for name, kind in db.execute(f"SELECT name, kind FROM {COLUMNS_TABLE} ORDER BY position"):
+            if not isinstance(name, str) or kind not in _KINDS:
+                raise _NotRecords(f"{where}: column {_short(name)} has kind {_short(kind)}, "
+                                  "which insp.save() never writes")
+            kinds[name] = kind
+        _ordinary_columns(db, ROWS_TABLE, tuple(kinds), where)
+        columns = ", ".join(_quoted(name) for name in kinds) or "NULL"
+        frame = pd.read_sql_query(f"SELECT {columns} FROM {ROWS_TABLE}", db)
+        if not kinds:
+            frame = frame.iloc[:, :0]
     finally:
         db.close()
-    if not isinstance(meta.get("format", 0), int) or meta.get("format", 0) > FORMAT:
-        raise _NotRecords(f"{str(path)!r} was written by a newer singlecard_nb (format "
-                         f"{meta['format']!r}); upgrade singlecard_nb to read it")
+    _check_meta(meta, where)
     for name, kind in kinds.items():
         frame[name] = _restore(frame[name], kind)
     return frame, meta
+
+
+def _ordinary_columns(db: sqlite3.Connection, table: str, names: tuple, where: str) -> None:
+    """Refuse `table` unless `names` are ordinary columns of it (not generated ones)."""
+    found = {row[1]: row[6] for row in db.execute(f"PRAGMA table_xinfo({table})")}
+    for name in names:
+        hidden = found.get(name)
+        if hidden is None:
+            raise _NotRecords(f"{where}: table {table} has no column {name!r}: not a file "
+                              "written by insp.save()")
+        if hidden:  # generated (computed when read) or hidden: insp.save() makes neither
+            raise _NotRecords(f"{where}: column {name!r} of {table} is computed when read "
+                              "(a generated column): not a file written by insp.save()")
+
+
+def _check_meta(meta: dict, where: str) -> None:
+    version = meta.get("format", 0)
+    if type(version) is not int:
+        raise _NotRecords(f"{where}: its format {_short(version)} is no number: not a file "
+                          "written by insp.save()")
+    if version > FORMAT:
+        raise _NotRecords(f"{where} was written by a newer singlecard_nb (format "
+                          f"{version!r}); upgrade singlecard_nb to read it")
+    for key, least in (("rank", 0), ("world_size", 1)):
+        value = meta.get(key, least)
+        if type(value) is not int or value < least:
+            raise _NotRecords(f"{where}: its {key} is {_short(value)}, not a whole number "
+                              f"≥ {least}: not a file written by insp.save()")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _restore(series, kind: str):

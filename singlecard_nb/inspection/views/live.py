@@ -156,10 +156,8 @@ class LiveView:
     def rows(self, search: str | None = None) -> list[Row]:
         """The rows shown, in the view's order (groups collapsed); with `search`, the modules
         matching it (path or type, substring or glob), ungrouped."""
-        # The store's records, read once each: a draw costs the steps since the last draw.
-        # (A sibling's parts, read as the heatmap reads history(): flush the pending step first.)
-        self.insp._recorder.flush()
-        self._tracks.feed(self.insp._store.snapshot())
+        # The recorded steps, read once each: a draw costs the steps since the last draw.
+        self._tracks.feed(self.insp.records())
         rows = ranking.rank(self._tracks)
         return ranking.search(rows, search) if search else rows
 
@@ -192,8 +190,10 @@ def text_table(rows: list[Row], head: str, top: int) -> str:
     for i, r in enumerate(rows[:top], 1):
         group = f"  [worst of {r.label}, {len(r.members)}]" if r.is_group else ""
         why = f"  {r.why}" if r.why else ""
+        kind = "" if r.kind == "output" else f"[{r.kind}] "
+        value = "" if r.kind == "optimizer" else f"absmax={_num(r.absmax):<9}"
         lines.append(f"{i:>3} {(r.path or '(root)'):<{width}} {shape(r.shape):<14} "
-                     f"absmax={_num(r.absmax):<9}{why}{group}")
+                     f"{kind}{value}{why}{group}")
     if len(rows) > top:
         lines.append(f"  … {len(rows) - top} more rows")
     return "\n".join(lines)

@@ -28,7 +28,8 @@ SPARK_STEPS = 30  # steps drawn in a row's sparkline
 
 _renders = itertools.count(1)
 
-# (key, heading, numeric): the table's columns, the first (pin) and last (trend) included.
+# (key, heading, numeric): the table's columns, the first (pin) and last (trend) included; a
+# row sent to the script has a field of each key (a column sorts by it; "module" is the path).
 COLUMNS = (("pin", "", False), ("rank", "#", True), ("module", "module", False),
            ("type", "type", False), ("shape", "shape", False), ("why", "why shown", False),
            ("absmax", "absmax", True), ("std", "std", True), ("mean", "mean", True),
@@ -74,12 +75,16 @@ _STYLE = """
 """
 
 
-def _record(row: Row, rank: int, sparks: dict[int, str]) -> list[Any]:
-    """One row as the script reads it (positions of COLUMNS from `rank` on, then the rest)."""
-    return [rank, row.name, row.path or "(root)", row.type, shape(row.shape), row.why,
-            num(row.absmax), num(row.std), num(row.mean), num(row.zeros), row.nan, row.inf,
-            sparks[id(row)], row.tier, ", ".join(row.same),
-            [_record(m, rank, sparks) for m in row.members] if row.is_group else 0]
+def _record(row: Row, rank: int, sparks: dict[int, str]) -> dict[str, Any]:
+    """One row as the script reads it, by name: a field per column key (COLUMNS, "module" the
+    path it sorts by) and the name shown, the tier, the modules with the same output, and a
+    group's members (null for a module)."""
+    return {"rank": rank, "module": row.path or "(root)", "name": row.name, "type": row.type,
+            "shape": shape(row.shape), "why": row.why, "absmax": num(row.absmax),
+            "std": num(row.std), "mean": num(row.mean), "zeros": num(row.zeros),
+            "nan": row.nan, "inf": row.inf, "trend": sparks[id(row)], "tier": row.tier,
+            "same": ", ".join(row.same),
+            "members": [_record(m, rank, sparks) for m in row.members] if row.is_group else None}
 
 
 def _cells(row: Row, rank: int) -> str:
@@ -122,15 +127,14 @@ def render(rows: list[Row], step: Any, modules: int, state: str, view_id: str,
     if not rows:
         return (f"<div class='singlecard-live-view {NO_MATH_CLASSES}'><style>{_STYLE}</style>{head}"
                 "<div class='scn-muted'>no step recorded yet</div></div>")
-    th = "".join(f"<th data-col='{i}'>{escape(label)}</th>"
-                 for i, (_, label, _) in enumerate(COLUMNS))
+    th = "".join(f"<th data-col='{key}'>{escape(label)}</th>" for key, label, _ in COLUMNS)
     body = "".join(_cells(r, i) for i, r in enumerate(rows[:top], 1))
     more = (f"… {len(rows) - top} more rows (search to find one; all in insp.summary())"
             if len(rows) > top else "")
     render_id = f"{view_id}-{next(_renders)}"
     every = rows + flatten(rows)  # groups and their members: one numpy pass for all sparklines
     sparks = dict(zip(map(id, every), sparklines([r.history[-SPARK_STEPS:] for r in every])))
-    data = {"view": view_id, "top": top, "numeric": [c[2] for c in COLUMNS],
+    data = {"view": view_id, "top": top, "numeric": {key: numeric for key, _, numeric in COLUMNS},
             "rows": [_record(r, i, sparks) for i, r in enumerate(rows, 1)]}
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_plain)
     payload = script_safe(payload)
@@ -197,34 +201,34 @@ input.value=st.q;expand.checked=st.expand;
 var ROW="singlecard-live-row";  // as the Python side draws rows, one per module or group
 function esc(s){return String(s).replace(/[&<>"'$]/g,function(c){return "&#"+c.charCodeAt(0)+";";});}
 GLOB
-function key(r){return r[15]?"g:"+r[1]:r[2];}
-function flat(rows){var out=[];rows.forEach(function(r){if(r[15])out.push.apply(out,r[15]);else out.push(r);});return out;}
+function key(r){return r.members?"g:"+r.name:r.module;}
+function flat(rows){var out=[];rows.forEach(function(r){if(r.members)out.push.apply(out,r.members);else out.push(r);});return out;}
 function matcher(q){
  var terms=q.toLowerCase().split(/[\s,]+/).filter(Boolean);
  var tests=terms.map(function(t){
   if(/[*?\[]/.test(t)){var re=globRe(t);return function(s){return re!==null&&re.test(s);};}
   return function(s){return s.indexOf(t)>=0;};});
- return function(r){var p=r[2].toLowerCase(),ty=r[3].toLowerCase();
+ return function(r){var p=r.module.toLowerCase(),ty=r.type.toLowerCase();
   return tests.some(function(f){return f(p)||f(ty);});};}
 function value(r,c){var v=r[c];if(!D.numeric[c])return String(v).toLowerCase();
  if(v==="nan")return Infinity;if(v==="inf")return Infinity;if(v==="-inf")return -Infinity;
  return typeof v==="number"?v:parseFloat(v);}
 function compare(a,b){var c=st.sort,x=value(a,c),y=value(b,c);
- if(x<y)return -st.dir;if(x>y)return st.dir;return a[0]-b[0];}
+ if(x<y)return -st.dir;if(x>y)return st.dir;return a.rank-b.rank;}
 function cells(r,member){
- var sub=[];if(r[15]&&!member)sub.push("worst: "+esc(r[2])+" · "+r[15].length+" modules");
- if(r[14])sub.push("same output: "+esc(r[14]));
+ var sub=[];if(r.members&&!member)sub.push("worst: "+esc(r.module)+" · "+r.members.length+" modules");
+ if(r.same)sub.push("same output: "+esc(r.same));
  var pinned=st.pins.indexOf(key(r))>=0,open=st.expand||st.open.indexOf(key(r))>=0;
- var toggle=r[15]&&!member?"<span class='scn-toggle'>"+(open?"▾":"▸")+"</span>":"";
- var h="<tr class='"+ROW+" scn-t"+r[13]+(pinned?" scn-pinned":"")+(member?" scn-member":"")+
+ var toggle=r.members&&!member?"<span class='scn-toggle'>"+(open?"▾":"▸")+"</span>":"";
+ var h="<tr class='"+ROW+" scn-t"+r.tier+(pinned?" scn-pinned":"")+(member?" scn-member":"")+
   "' data-key='"+esc(key(r))+"'><td class='p' title='pin this row to the top'>"+(pinned?"★":"☆")+
-  "</td><td class='n'>"+r[0]+"</td><td class='m'>"+toggle+esc(member?r[2]:r[1]).replace(/\./g,".<wbr>")+
-  sub.map(function(s){return "<div class='scn-sub'>"+s+"</div>";}).join("")+"</td><td>"+esc(r[3])+
-  "</td><td>"+esc(r[4])+"</td><td class='w'>"+esc(r[5])+"</td>";
- for(var c=6;c<=9;c++)h+="<td class='n'>"+esc(r[c])+"</td>";
- h+="<td class='n"+(r[10]?" bad":"")+"'>"+r[10]+"</td><td class='n"+(r[11]?" bad":"")+"'>"+r[11]+
-  "</td><td class='s'>"+esc(r[12])+"</td></tr>";
- if(r[15]&&!member&&open)r[15].forEach(function(m){h+=cells(m,true);});
+  "</td><td class='n'>"+r.rank+"</td><td class='m'>"+toggle+esc(member?r.module:r.name).replace(/\./g,".<wbr>")+
+  sub.map(function(s){return "<div class='scn-sub'>"+s+"</div>";}).join("")+"</td><td>"+esc(r.type)+
+  "</td><td>"+esc(r.shape)+"</td><td class='w'>"+esc(r.why)+"</td>";
+ ["absmax","std","mean","zeros"].forEach(function(c){h+="<td class='n'>"+esc(r[c])+"</td>";});
+ h+="<td class='n"+(r.nan?" bad":"")+"'>"+r.nan+"</td><td class='n"+(r.inf?" bad":"")+"'>"+r.inf+
+  "</td><td class='s'>"+esc(r.trend)+"</td></tr>";
+ if(r.members&&!member&&open)r.members.forEach(function(m){h+=cells(m,true);});
  return h;}
 function draw(){
  var q=st.q.trim(),list=q?flat(D.rows).filter(matcher(q)):D.rows.slice();
@@ -238,7 +242,7 @@ function draw(){
  more.innerHTML=rest>0?"… "+rest+" more rows · <a href='#' class='scn-all'>show all</a>":
   (st.all&&list.length>D.top?"<a href='#' class='scn-all'>show the first "+D.top+"</a>":"");
  count.textContent=q?list.length+" matching modules":"";
- root.querySelectorAll("th").forEach(function(th){var c=+th.dataset.col,t=th.textContent.replace(/ [▲▼]$/,"");
+ root.querySelectorAll("th").forEach(function(th){var c=th.dataset.col,t=th.textContent.replace(/ [▲▼]$/,"");
   th.textContent=t+(c===st.sort?(st.dir>0?" ▲":" ▼"):"");});}
 input.addEventListener("input",function(){st.q=input.value;st.caret=input.selectionStart;draw();});
 input.addEventListener("focus",function(){st.focus=true;});
@@ -248,8 +252,8 @@ expand.addEventListener("change",function(){st.expand=expand.checked;draw();});
 root.addEventListener("click",function(e){
  var t=e.target,th=t.closest("th"),tr=t.closest("tr[data-key]");
  if(t.classList.contains("scn-all")){e.preventDefault();st.all=!st.all;draw();return;}
- if(th){var c=+th.dataset.col;if(c===0)return;
-  var first=D.numeric[c]&&c!==1?-1:1;
+ if(th){var c=th.dataset.col;if(c==="pin")return;
+  var first=D.numeric[c]&&c!=="rank"?-1:1;
   if(st.sort===c){if(st.dir===first)st.dir=-st.dir;else{st.sort=null;st.dir=1;}}
   else{st.sort=c;st.dir=first;}
   draw();return;}

@@ -16,6 +16,11 @@ from . import ranking
 _LOG_FRIENDLY = {"absmax", "std"}
 _BAD_COLOUR = "#e41a1c"  # NaN/Inf cells: red on viridis cannot be mistaken for a value
 _EVAL_COLOUR = "#ff7f00"  # markers over steps run in eval mode
+# Rows of one tensor per parameter: drawn per "module.name", not per module
+PER_PARAMETER = ("param", "param_grad", "step_grad", "update")
+IOS = ("output", "input", "grad", *PER_PARAMETER)
+_KIND = {"output": "output", "param": "param", "param_grad": "grad", "step_grad": "grad",
+         "update": "param", "input": "input"}
 
 
 def _label(module: str) -> str:
@@ -63,15 +68,26 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     import numpy as np
     from matplotlib import colors, ticker
 
-    table = insp.history(stat, io, training=training)
-    if table is None or table.empty:
-        return message_figure(f"no {io} {stat!r} recorded yet: run the model while inspecting")
+    if io not in IOS:
+        raise ValueError(f"io must be one of {', '.join(IOS)}; got {io!r}")
     frame = insp.frame()
     if training is not None:
         frame = frame[frame["training"] == training]
+    if io in PER_PARAMETER:
+        frame = _per_parameter(frame, io)
+        table = _history(frame, stat, io)
+    else:
+        table = insp.history(stat, io, training=training)
+    if table is None or table.empty:
+        needs = {"param": " (inspect with params=True)", "update": " (params=True)",
+                 "step_grad": " (params=True)", "param_grad": " (grads=True)",
+                 "grad": " (grads=True)"}.get(io, "")
+        return message_figure(f"no {io} {stat!r} recorded yet{needs}: run the model while "
+                              "inspecting")
     # folded only where mean and std agree too: a ReLU after a Linear often keeps its absmax
     alike = [t for other in ("mean", "std") if other != stat
-             and (t := insp.history(other, io, training=training)) is not None]
+             and (t := (_history(frame, other, io) if io in PER_PARAMETER
+                        else insp.history(other, io, training=training))) is not None]
     table = full = _fold_repeats(table, alike)
     total = len(table)
     if total > top:
@@ -126,6 +142,9 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
         title += "  (▼ eval steps)"
     if bad.any():
         title += "  (red: NaN/Inf)"
+    lead = _first_finding(insp)
+    if lead:
+        title = f"first finding: {lead}\n{title}"
     ax.set_title(title, fontsize=10)
     if blocks:
         _block_panel(grid_ax, fig, full, blocks, stat, relative, frame, io)
@@ -164,8 +183,9 @@ def _most_changed(frame: Any, table: Any, io: str, top: int) -> list:
     """The `top` modules of `table` that changed most (the worst of each repeated group
     first), in the table's (execution) order."""
     wanted: list[str] = []
-    if io == "output":
-        rows = ranking.rank(ranking.Tracks.from_frame(frame), fold=False)
+    if io in _KIND:
+        rows = [r for r in ranking.rank(ranking.Tracks.from_frame(frame), fold=False)
+                if r.kind == _KIND[io]]
         present = set(map(str, table.index))
         for row in rows:
             for member in (row.members or [row]):
@@ -249,7 +269,8 @@ def _block_panel(ax: Any, fig: Any, table: Any, blocks: tuple, stat: str, relati
             path = path if kind == "(block)" else f"{path}.{kind}"
             if path in last.index:
                 grid[i, j] = last[path] / first[path] if relative else last[path]
-                red[i, j] = path in flagged or not np.isfinite(last[path])
+                # a module that did not run in that step stays blank, not red
+                red[i, j] = path in flagged or bool(np.isinf(last[path]))
     finite = np.isfinite(grid)
     cmap = matplotlib.colormaps["coolwarm" if relative else "viridis"].with_extremes(bad="white")
     norm = _norm(grid[finite], stat, relative)
@@ -292,3 +313,32 @@ def _nonfinite_cells(frame: Any, table: Any, io: str) -> Any:
     per_cell = flagged.groupby([rows["module"], rows["step"]]).any().unstack(fill_value=False)
     per_cell = per_cell.reindex(index=table.index, columns=table.columns, fill_value=False)
     return per_cell.fillna(False).to_numpy(dtype=bool)
+
+
+def _per_parameter(frame: Any, io: str) -> Any:
+    """`io` rows of each parameter under its own path ("head.weight"), as the ranking says."""
+    rows = frame[frame["io"] == io]
+    paths = [f"{m}.{i}" if m else str(i) for m, i in zip(rows["module"], rows["index"])]
+    return rows.assign(module=paths, index="")
+
+
+def _history(frame: Any, stat: str, io: str) -> Any:
+    """A series × step table of `stat` from a frame's `io` rows (first call of each step)."""
+    rows = frame[(frame["io"] == io) & (frame["call"] == 0)]
+    if rows.empty:
+        return None
+    table = rows.pivot_table(index="module", columns="step", values=stat, aggfunc="first",
+                             dropna=False, sort=False)
+    return table.astype(float)
+
+
+def _first_finding(insp: Any) -> str:
+    """The ranking's first row in a few words, for the title (all views lead with it)."""
+    try:
+        rows = insp.findings(1)
+    except AttributeError:
+        return ""
+    if not rows:
+        return ""
+    text = rows[0].text()
+    return text if len(text) <= 110 else text[:109] + "…"

@@ -1,5 +1,7 @@
-"""`insp.summary()`: per-module aggregate of an Inspector's output rows, in the "what changed"
-order of the live view (`ranking.py`), rendered as a table that fits a notebook panel."""
+"""`insp.summary()`: the likeliest causes first (the ranking's findings over every recorded
+series: inputs, parameters, gradients, the optimiser's groups, outputs), then the per-module
+aggregate of an Inspector's output rows in the live view's order (`ranking.py`), rendered as a
+table that fits a notebook panel."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ _NOTHING_YET = (
     "before compiling, inspect the torch.compile(model) wrapper itself, or call "
     "torch._dynamo.reset().")
 
+FINDINGS = 8  # findings listed above the table
 # What a reader needs first, left to right; the rest of `frame` stays in the DataFrame.
 SHOWN = ("module", "type", "why", "shape", "absmax", "trend", "std", "mean", "zeros", "nan",
          "inf", "steps", "calls", "dtype", "training")
@@ -56,6 +59,8 @@ class Summary:
             table = _ranked(table, ranking.Tracks.from_frame(frame))
         self.frame = table if top is None else table.head(top)
         self.notes = list(inspector.notes)  # what could not be recorded as asked
+        # the ranking over every series, causes first: what to look at before the table
+        self.findings = inspector.findings(FINDINGS) if hasattr(inspector, "findings") else []
 
     def _more(self) -> str:
         left = self.total - len(self.frame)
@@ -67,7 +72,7 @@ class Summary:
             body = f"<p><b>singlecard_nb</b>: {escape(_NOTHING_YET)}</p>{notes}"
         else:
             more = f"<div style='opacity:.7;font-size:11px'>{escape(self._more())}</div>"
-            body = _STYLE + _html(self.frame) + more + notes
+            body = _STYLE + findings_html(self.findings) + _html(self.frame) + more + notes
         return f"<div class='{NO_MATH_CLASSES}'>{body}</div>"
 
     def __repr__(self) -> str:
@@ -80,7 +85,7 @@ class Summary:
         for column in _NUMBERS:
             text[column] = text[column].map(num)
         more = f"\n{self._more()}" if self._more() else ""
-        return text.to_string(index=False) + more + notes
+        return findings_text(self.findings) + text.to_string(index=False) + more + notes
 
 
 def _ranked(table, tracks: ranking.Tracks):
@@ -102,6 +107,25 @@ def _ranked(table, tracks: ranking.Tracks):
     first = [c for c in SHOWN if c in table.columns]
     return table[first + [c for c in table.columns if c not in first and c != "_order"]] \
         .reset_index(drop=True)
+
+
+def findings_text(rows: list) -> str:
+    """The findings as numbered lines, likeliest cause first ("" when nothing stands out)."""
+    if not rows:
+        return ""
+    lines = ["findings, likeliest cause first:"]
+    lines += [f"{i:>3}. {r.text()}" for i, r in enumerate(rows, 1)]
+    return "\n".join(lines) + "\n\n"
+
+
+def findings_html(rows: list) -> str:
+    if not rows:
+        return ""
+    items = "".join(f"<li class='scn-t{r.tier}'><code>{escape(r.name)}</code> "
+                    f"<span style='opacity:.7'>({escape(r.kind)})</span>: {escape(r.why)}</li>"
+                    for r in rows)
+    return ("<div class='singlecard-findings'><b>findings, likeliest cause first</b>"
+            f"<ol style='margin:2px 0 6px 0;padding-left:22px'>{items}</ol></div>")
 
 
 def _html(frame) -> str:

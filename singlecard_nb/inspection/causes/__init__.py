@@ -1,0 +1,69 @@
+"""Diagnose, not just record: every recorded series assessed by the rules of its kind, and one
+order in which causes come before their effects.
+
+Rules, one module per kind of series: `outputs` (NaN/Inf, float16 overflow, movement, outliers
+of a type, dead modules and the module upstream that killed them), `inputs` (the model's own
+inputs, per channel), `params` (growth, update ratio), `grads` (vanishing, exploding),
+`optimizer` (param groups' lr and weight decay). Plain Python over `series.Tracks`: no numpy,
+no pandas, nothing of the recording machinery; the views (live, summary, plots), `%inspect all`
+and the terminal all show this one order.
+
+The order: first the findings that have a beginning (`Row.since`: NaN/Inf, inputs, parameters,
+gradients, an optimiser setting its parameters suffer from, a module that kills the one after
+it), earliest first and, within a step, in the order a step runs (settings, inputs, forward,
+backward, the optimiser step); then the other findings (movement, outliers, dead modules) by
+tier and size; then the quiet rest.
+"""
+
+from __future__ import annotations
+
+from . import grads, inputs, optimizer, outputs, params
+from .rows import NONFINITE, QUIET, WAS_NONFINITE, Row
+from .series import ABSMAX, MEAN, Tracks, num
+
+__all__ = ["Row", "Tracks", "assess", "order", "first_grown"]
+
+
+def assess(tracks: Tracks) -> list[Row]:
+    """A row per output series (quiet ones too), and per other series that shows something."""
+    rows = outputs.assess(tracks.by_path)
+    rows += inputs.assess(tracks.inputs, tracks.channels)
+    rows += params.assess(tracks.params, tracks.updates)
+    rows += grads.assess(tracks.grads or tracks.step_grads)
+    troubled = {r.path for r in rows if r.kind in ("param", "grad") and r.is_finding}
+    rows += optimizer.assess(tracks.optimizer, tracks.optimizer_first_step, troubled)
+    for row in rows:
+        bias = tracks.params.get(f"{row.path}.bias" if row.path else "bias")
+        if row.kind == "output" and row.why.startswith("every output ≤ 0") and bias is not None:
+            entry = bias.entries[-1]
+            row.why += f" (its bias: mean {num(entry[MEAN])}, absmax {num(entry[ABSMAX])})"
+    for row in rows:  # what a row is about, in the type column every view shows
+        if row.kind in _KIND_WORDS:
+            row.type = f"{row.type} {_KIND_WORDS[row.kind]}"
+    return rows
+
+
+_KIND_WORDS = {"param": "parameter", "grad": "gradient", "input": "(model input)"}
+
+
+def _key(row: Row) -> tuple:
+    if row.since is not None and row.tier < QUIET:
+        # NaN/Inf of one step: the first module to run is where it was born
+        within = row.order if row.tier <= WAS_NONFINITE else -row.score
+        return (0, row.since, row.phase, row.tier, within, row.order)
+    return (1, 0, 0, row.tier, -row.score, row.order)
+
+
+def order(rows: list[Row]) -> list[Row]:
+    """Rows in the ranking's order (see the module docstring)."""
+    return sorted(rows, key=_key)
+
+
+def first_grown(tracks: Tracks) -> str | None:
+    """The first parameter that went wrong (grew, or turned NaN/Inf) and from which step, in
+    words: what the trap names when a module's own weights are already non-finite."""
+    rows = [r for r in params.assess(tracks.params, tracks.updates) if r.since is not None]
+    if not rows:
+        return None
+    first = min(rows, key=lambda r: (r.since, r.tier != NONFINITE, -r.score))
+    return f"the first parameter to go wrong was {first.path} (from step {first.since}: {first.why})"

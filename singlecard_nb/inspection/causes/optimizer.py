@@ -1,0 +1,70 @@
+"""Rules on the optimiser the inspector saw stepping (params=True): a param group whose learning
+rate or weight decay stands far from the other groups'. A group is named by what it holds, in
+the inspector's paths ("head", "encoder.layers.{0-5}")."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from .rows import CONFIG, OUTLIER, Row
+from .series import median, num, times
+
+FAR = 10.0  # a group's lr (or weight decay) this many times the other groups'
+
+
+def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> list[Row]:
+    """A row per param group whose lr or weight decay is FAR above the others'. It ranks as a
+    cause (from the first step it was seen) when one of its parameters shows a problem
+    (`troubled`: paths of parameters with a finding), else among the outliers."""
+    rows = []
+    for i, group in enumerate(groups):
+        others = [g for j, g in enumerate(groups) if j != i]
+        parts, score = [], 0.0
+        for key, label in (("lr", "lr"), ("weight_decay", "weight_decay")):
+            value = group.get(key)
+            if not isinstance(value, (int, float)) or not value > 0 or not others:
+                continue
+            rest = [g[key] for g in others if isinstance(g.get(key), (int, float)) and g[key] > 0]
+            if key == "lr" and not rest:
+                continue
+            if not rest:
+                continue
+            base = median(rest)
+            if value >= FAR * base:
+                against = "the other group" if len(rest) == 1 else \
+                    f"the median of the other {len(rest)} groups"
+                parts.append(f"{label} {num(value)}, {times(value / base)} {against} "
+                             f"({num(base)})")
+                score = max(score, math.log(value / base))
+        if not parts:
+            continue
+        name = group_name(group.get("params", []))
+        hit = sorted(p for p in group.get("params", []) if p in troubled)
+        effect = (f"; its parameters {', '.join(hit[:3])} show it (see their rows)" if hit
+                  else "")
+        why = (f"`{name}`: " + ", ".join(parts) + f" in param group {group.get('group', i)} of "
+               f"{group.get('optimizer', 'the optimizer')}{effect}: check the learning rates "
+               "given to the optimizer")
+        rows.append(Row(
+            path=name, type=f"{group.get('optimizer', 'optimizer')} group {group.get('group', i)}",
+            shape=(len(group.get("params", [])),), dtype="", absmax=float(group.get("lr", math.nan)),
+            std=math.nan, mean=float(group.get("weight_decay", math.nan) or 0.0), zeros=math.nan,
+            nan=0, inf=0, tier=OUTLIER, score=score + 10.0, why=why, order=-1, history=[],
+            trend=None, steps=1, kind="optimizer",
+            since=(first_step if hit and first_step is not None else None), phase=CONFIG))
+    return rows
+
+
+def group_name(params: list[str]) -> str:
+    """What a group holds, by its parameters' paths: their common module ("head"), else the
+    first one and how many more."""
+    modules = sorted({p.rpartition(".")[0] for p in params})
+    if not modules:
+        return "(empty group)"
+    if len(modules) == 1:
+        return modules[0] or "(root)"
+    common = os.path.commonprefix([m.split(".") for m in modules])
+    if common:
+        return ".".join(common)
+    return f"{modules[0]} and {len(modules) - 1} more modules"

@@ -1,0 +1,92 @@
+"""Rules on parameters (params=True): NaN/Inf after an optimiser step, growth against their own
+history, and the update ratio |Δw| / |w| of each step against the other parameters'."""
+
+from __future__ import annotations
+
+import math
+
+from .rows import AFTER_STEP, MOVING, NONFINITE, OUTLIER, QUIET, Row, row_of
+from .series import STEP, Track, median, num, times
+
+GROWN = 2.0  # RMS this many times its first value: growing
+ONSET = 1.25  # the growth's start: the first step past this many times the first RMS
+UPDATE_OUTLIER = 10.0  # |Δw|/|w| this many times the median parameter's
+UPDATE_FLOOR = 1e-3  # below this a step's update is small whatever the others do
+
+
+def assess(params: dict[str, Track], updates: dict[str, Track]) -> list[Row]:
+    """A row per parameter whose values or updates stand out; quiet ones are left out."""
+    ratios = {path: r for path in params if (r := update_ratio(params[path], updates.get(path)))}
+    logs = [math.log(r[0]) for r in ratios.values() if r[0] > 0]
+    typical = median(logs) if logs else None
+    rows = []
+    for path, track in params.items():
+        if not track.entries:
+            continue
+        row = _assess(track, ratios.get(path), typical, len(ratios))
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def update_ratio(param: Track, update: Track | None) -> tuple[float, int] | None:
+    """(|Δw| / |w| of the latest step, the first step it was recorded) from the `update` rows
+    (Δw of each optimiser step) and the parameter's own."""
+    if update is None or not update.entries or not param.entries:
+        return None
+    entry = update.entries[-1]
+    base = next((e for e in reversed(param.entries) if e[STEP] == entry[STEP]), None)
+    if base is None:
+        return None
+    size = param.rms(base)
+    if not size or not math.isfinite(size):
+        return None
+    return update.rms(entry) / size, update.entries[0][STEP]
+
+
+def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
+            counted: int) -> Row | None:
+    step, _, _, _, _, nan, inf, _ = t.entries[-1]
+    if nan or inf:
+        what = " and ".join(p for p in (f"NaN ×{nan}" * bool(nan), f"Inf ×{inf}" * bool(inf)) if p)
+        why = (f"{what} in the parameter after the optimiser step of step {t.bad_step}: the "
+               "update (gradient × learning rate) was non-finite or too large")
+        since = t.bad_step
+        grown = _growth(t, before=t.bad_step)
+        if grown is not None:  # it grew first: that is where it began
+            factor, start, since = grown
+            why += f"; before that its RMS grew {times(factor)} from step {since}"
+        return row_of(t, NONFINITE, float(nan + inf), why, since=since, phase=AFTER_STEP)
+    parts, tier, score, since = [], QUIET, 0.0, None
+    grown = _growth(t)
+    if grown is not None:
+        factor, start, onset = grown
+        parts.append(f"RMS {times(factor)} since step {start} (growing from step {onset})")
+        tier, score, since = MOVING, math.log(factor), onset
+    if ratio is not None and typical is not None and counted > 1:
+        value, first = ratio
+        against = math.exp(typical)
+        if value >= UPDATE_FLOOR and value >= UPDATE_OUTLIER * against:
+            parts.append(f"each step changes it by {num(value)} of its size (|Δw|/|w|), "
+                         f"{times(value / against)} the median parameter's {num(against)}")
+            score = max(score, math.log(value / against))
+            tier = MOVING if tier == MOVING else OUTLIER
+            since = first if since is None else min(since, first)
+    if not parts:
+        return None
+    why = "; ".join(parts) + ": its learning rate (or gradient) is too large for it"
+    return row_of(t, tier, score, why, since=since, phase=AFTER_STEP)
+
+
+def _growth(t: Track, before: int | None = None) -> tuple[float, int, int] | None:
+    """(RMS latest ÷ first, the first step, the step growth began) when grown ×GROWN (over the
+    steps before `before`, when given)."""
+    sized = [(e[STEP], t.rms(e)) for e in t.entries if before is None or e[STEP] < before]
+    sized = [(s, r) for s, r in sized if r > 0 and math.isfinite(r)]
+    if len(sized) < 2:
+        return None
+    (start, first), (_, last) = sized[0], sized[-1]
+    if last < GROWN * first:
+        return None
+    onset = next(s for s, r in sized if r >= ONSET * first)
+    return last / first, start, onset

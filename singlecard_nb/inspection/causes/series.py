@@ -1,0 +1,240 @@
+"""Every recorded series the ranking reads, kept short: outputs, the model's inputs (whole and
+per channel), parameters, their gradients and updates, and the optimiser's param groups.
+
+Plain Python (no numpy, no pandas): fed from a store's step records, each read once, or from a
+frame. Each series keeps at most `HISTORY` steps, so memory stays bounded on a long run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+HISTORY = 64  # steps kept per series
+
+# Positions in a Track entry: one list per recorded step.
+STEP, ABSMAX, STD, MEAN, ZEROS, NAN, INF, MAX = range(8)
+
+# The kinds of series, by the `io` of the rows they come from.
+OUTPUT, INPUT, PARAM, GRAD, UPDATE = "output", "input", "param", "grad", "update"
+_KIND_OF_IO = {"output": OUTPUT, "input": INPUT, "param": PARAM, "param_grad": GRAD,
+               "step_grad": "step_grad", "update": UPDATE}
+
+
+@dataclass
+class Track:
+    """One series, one entry per recorded step: [step, absmax over its tensors, std, mean,
+    zeros of its first one, NaN and Inf counts of all, max]."""
+
+    path: str  # the inspector's spelling: "h.0.mlp", "head.weight"; "input[0]": a model input
+    type: str
+    order: int  # when it first reported: children before their containers
+    kind: str = OUTPUT
+    shape: Any = None
+    dtype: str = ""
+    entries: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    first: tuple[int, float] | None = None  # (step, absmax) of the first step seen
+    bad_step: int | None = None  # the first step with NaN/Inf
+
+    def add(self, step: int, shape: Any, dtype: str, mean: float, std: float, absmax: float,
+            nan: int, inf: int, zeros: float, maximum: float = math.nan) -> None:
+        """One tensor; a series' further tensors in the same step widen that step."""
+        entries = self.entries
+        if entries and entries[-1][STEP] == step:
+            last = entries[-1]
+            last[ABSMAX] = nanmax(last[ABSMAX], absmax)
+            last[NAN] += nan
+            last[INF] += inf
+        else:
+            entries.append([step, absmax, std, mean, zeros, nan, inf, maximum])
+            self.shape, self.dtype = shape, dtype
+            if self.first is None:
+                self.first = (step, absmax)
+        if (nan or inf) and self.bad_step is None:
+            self.bad_step = step
+
+    def series(self, column: int) -> list:
+        return [e[column] for e in self.entries]
+
+    def rms(self, entry: list) -> float:
+        """Root mean square of an entry's tensor, from its mean and std."""
+        return math.sqrt(entry[MEAN] ** 2 + entry[STD] ** 2)
+
+
+@dataclass
+class Channels:
+    """Per-channel statistics of one model input: (mean, std, absmax) per channel, latest."""
+
+    index: str  # as the inputs' tracks: "input[0]"
+    shape: Any
+    first_step: int
+    step: int
+    values: list[tuple[float, float, float]]
+
+
+class Tracks:
+    """Series of every kind, fed from a store's step records (incrementally) or a frame.
+
+    by_path: outputs (module path -> Track); inputs: the model's inputs by index; params,
+    grads (param_grad, else the optimiser's step_grad), updates: by "module.name";
+    channels: per-channel statistics of the model's inputs; optimizer: the latest param
+    groups seen stepping ({"optimizer", "group", "lr", "weight_decay", "params", "step"}).
+    """
+
+    def __init__(self) -> None:
+        self.by_path: dict[str, Track] = {}
+        self.inputs: dict[str, Track] = {}
+        self.params: dict[str, Track] = {}
+        self.grads: dict[str, Track] = {}
+        self.step_grads: dict[str, Track] = {}
+        self.updates: dict[str, Track] = {}
+        self.channels: dict[str, Channels] = {}
+        self.optimizer: list[dict] = []
+        self.optimizer_first_step: int | None = None
+        self.last_step: int | None = None
+        self._fed: dict[int, tuple[Any, int]] = {}  # id(record) -> (record, rows read)
+        self._count = 0
+
+    def _table(self, io: str, path: str) -> dict[str, Track] | None:
+        kind = _KIND_OF_IO.get(io)
+        if kind == OUTPUT:
+            return self.by_path
+        if kind == INPUT:
+            return self.inputs if path == "" else None  # the model's own inputs
+        return {PARAM: self.params, GRAD: self.grads, "step_grad": self.step_grads,
+                UPDATE: self.updates}.get(kind)
+
+    def add_row(self, io: str, step: int, path: str, type_: str, call: int, index: str,
+                shape: Any, dtype: str, mean: float, std: float, absmax: float, nan: Any,
+                inf: Any, zeros: float, maximum: float = math.nan) -> None:
+        """One row of a record or frame (rows of other io, and later calls, are skipped)."""
+        table = self._table(io, path)
+        if table is None or (call != 0 and io in ("output", "input")):
+            return
+        if io in ("output",):
+            key = path
+        elif io == "input":
+            key = "input" + (index or "[0]")
+        else:
+            key = f"{path}.{index}" if path and index else path or str(index)
+        track = table.get(key)
+        if track is None:
+            track = table[key] = Track(key, str(type_), self._count,
+                                       _KIND_OF_IO[io] if io != "step_grad" else GRAD)
+            self._count += 1
+        track.add(int(step), shape, str(dtype), to_float(mean), to_float(std),
+                  to_float(absmax), to_count(nan), to_count(inf), to_float(zeros),
+                  to_float(maximum))
+        self.last_step = max(int(step), -1 if self.last_step is None else self.last_step)
+
+    def add(self, step: int, path: str, type_: str, shape: Any, dtype: str, mean: float,
+            std: float, absmax: float, nan: Any, inf: Any, zeros: float,
+            maximum: float = math.nan) -> None:
+        """One output row of a module (the first call's)."""
+        self.add_row("output", step, path, type_, 0, "", shape, dtype, mean, std, absmax, nan,
+                     inf, zeros, maximum)
+
+    def feed(self, records: Iterable[Any]) -> None:
+        """Read the rows of step records (`meta` tuples, `values` rows of stats.VALUES) not
+        read before; a record is read once, so each draw costs only the new steps."""
+        records = list(records)
+        alive = {id(r) for r in records}
+        self._fed = {k: v for k, v in self._fed.items() if k in alive}
+        add = self.add_row
+        for record in records:
+            seen = self._fed.get(id(record))
+            if seen is not None and seen[0] is record:
+                continue
+            for meta, (mean, std, _, maximum, absmax, nan, inf, zeros) in zip(
+                    record.meta, record.values.tolist()):
+                add(meta[4], meta[0], meta[1], meta[2], meta[3], meta[5], meta[6], meta[7],
+                    mean, std, absmax, nan, inf, zeros, maximum)
+            self.add_extras(getattr(record, "extras", None))
+            self._fed[id(record)] = (record, len(record.meta))
+
+    def add_extras(self, extras: dict | None) -> None:
+        """What a step record holds beside its rows: channels and optimiser groups, by name."""
+        if not extras:
+            return
+        step = extras.get("step", self.last_step or 0)
+        for index, item in extras.get("channels", {}).items():
+            index = "input" + index
+            known = self.channels.get(index)
+            self.channels[index] = Channels(index, item["shape"],
+                                            known.first_step if known else step, step,
+                                            [tuple(c) for c in item["values"]])
+        groups = extras.get("optimizer")
+        if groups:
+            self.optimizer = [dict(g, step=step) for g in groups]
+            if self.optimizer_first_step is None:
+                self.optimizer_first_step = step
+
+    @classmethod
+    def from_frame(cls, frame: Any, extras: Iterable[dict] = ()) -> Tracks:
+        """Tracks of a frame's rows; extra columns (memory, anything added later) are ignored.
+        extras: what the records held beside their rows (channels, optimiser groups)."""
+        tracks = cls()
+        if frame is not None and len(frame):
+            columns = ["io", "step", "module", "type", "call", "index", "shape", "dtype",
+                       "mean", "std", "absmax", "nan", "inf", "zeros", "max"]
+            rows = frame[frame["io"].isin(list(_KIND_OF_IO))]
+            for row in rows[columns].itertuples(index=False):
+                tracks.add_row(*row)
+        for item in extras:
+            tracks.add_extras(item)
+        return tracks
+
+
+# --- small helpers --------------------------------------------------------------------------
+
+def median(values: list[float]) -> float:
+    """The median; NaN of nothing."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def to_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def to_count(value: Any) -> int:
+    try:
+        return 0 if value is None or value != value else int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def nanmax(a: float, b: float) -> float:
+    """max that lets NaN win: a NaN absmax is exactly what a view must not hide."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
+
+
+def ratio_text(log_ratio: float) -> str:
+    r = math.exp(log_ratio)
+    return f"×{r:.3g}" if r >= 1 else f"÷{1 / r:.3g}"
+
+
+def times(ratio: float) -> str:
+    """100× or 1e+06×: how many times, in words a person reads at once."""
+    if ratio >= 1e4:
+        return f"10^{round(math.log10(ratio))}×"
+    return f"{ratio:.3g}×"
+
+
+def num(value: float) -> str:
+    if value != value:
+        return "nan"
+    if abs(value) >= 1e4 or (value and abs(value) < 1e-3):
+        return f"{value:.2g}"
+    return f"{value:.3g}"

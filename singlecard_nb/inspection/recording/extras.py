@@ -1,0 +1,111 @@
+"""What a step records beside its rows, for the ranking to diagnose: per-channel statistics of
+the model's inputs, the optimiser's param groups, and each optimiser step's update Δw.
+
+Channel statistics are reduced on the device and cross to the host with the step (`flush`);
+param groups are host values read from the optimiser; Δw is the parameter after the step less
+a copy taken just before it (only within `SNAPSHOT_BYTES`: memory stays bounded).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+MIN_SAMPLES = 16  # values per channel for its statistics to mean something
+MAX_CHANNELS = 4096  # wider inputs (a sequence's embedding dimension) are not split
+SNAPSHOT_BYTES = 256 << 20  # parameters copied before an optimiser step, per step, at most
+
+
+def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
+    """[C, 3] (mean, std, absmax) per channel of an image batch (N×C×H×W, dim 1) or per feature
+    of a table (N×F), on the tensor's device; None for other shapes."""
+    if not t.is_floating_point() or t.dim() not in (2, 4) or t.shape[0] == 0:
+        return None
+    channels = t.shape[1]
+    if not 2 <= channels <= MAX_CHANNELS or t.numel() < MIN_SAMPLES * channels:
+        return None  # a handful of samples per channel: their spread says nothing yet
+    with torch.no_grad():
+        x = t.detach().transpose(0, 1).reshape(channels, -1).float()
+        std, mean = torch.std_mean(x, dim=1, correction=0)
+        return torch.stack([mean, std, x.abs().amax(dim=1)], dim=1)
+
+
+def channels_to_host(pending: dict[str, tuple[Any, torch.Tensor]]) -> dict[str, dict]:
+    """index -> {"shape", "values": [[mean, std, absmax], ...]}: named, for the record."""
+    out = {}
+    for index, (shape, values) in pending.items():
+        out[index] = {"shape": shape, "values": values.cpu().tolist()}
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.device.type != "cpu":  # reading a GPU lr would sync
+            return None
+        value = value.item()
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def param_groups(optimizer: Any, param_targets: dict) -> list[dict]:
+    """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
+    "group", "lr", "weight_decay", "params": ["head.weight", ...]}."""
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        names = []
+        for p in group["params"]:
+            found = param_targets.get(id(p))
+            if found is not None:
+                target, name = found[0], found[1]
+                names.append(f"{target.path}.{name}" if target.path else name)
+        if names:
+            groups.append({"optimizer": type(optimizer).__name__, "group": i,
+                           "lr": _number(group.get("lr")),
+                           "weight_decay": _number(group.get("weight_decay", 0.0)),
+                           "params": names})
+    return groups
+
+
+class Snapshots:
+    """Copies of parameters taken just before an optimiser step, so that the step's update
+    Δw can be recorded after it; at most `budget` bytes per step (said once when reached)."""
+
+    def __init__(self, say: Any, budget: int = SNAPSHOT_BYTES):
+        self.budget = budget
+        self._say = say
+        self._before: dict[int, torch.Tensor] = {}
+
+    def take(self, optimizer: Any, param_targets: dict) -> None:
+        used, skipped = 0, 0
+        self._before.clear()
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) not in param_targets or id(p) in self._before:
+                        continue
+                    size = p.numel() * p.element_size()
+                    if used + size > self.budget:
+                        skipped += 1
+                        continue
+                    used += size
+                    self._before[id(p)] = p.detach().clone()
+        if skipped:
+            self._say("update-budget", f"the update ratio |Δw|/|w| of {skipped} parameters is "
+                      f"not recorded: copying them before each optimiser step would take more "
+                      f"than {self.budget >> 20} MiB. The ranking still sees their growth.")
+
+    def update(self, param: torch.Tensor) -> torch.Tensor | None:
+        """Δw of `param` since `take` (and the copy is let go), or None."""
+        before = self._before.pop(id(param), None)
+        if before is None:
+            return None
+        with torch.no_grad():
+            return param.detach() - before
+
+    def clear(self) -> None:
+        self._before.clear()

@@ -1,0 +1,288 @@
+"""Diagnose, not just record: small training jobs in the shape people write them, each hiding
+one bug; the first row of the ranking (summary, live view, terminal) must name the cause, in
+words a person acts on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import singlecard_nb as scn
+from singlecard_nb import cli
+from singlecard_nb.errors import NonFiniteError
+from singlecard_nb.inspection.views import live
+
+SCRIPTS = Path(__file__).with_name("scripts")
+
+
+@pytest.fixture(autouse=True)
+def no_shell(monkeypatch):
+    monkeypatch.setattr(live, "_current_shell", lambda: None)
+
+
+def _first(insp):
+    rows = insp.findings(3)
+    assert rows, "nothing ranked"
+    return rows[0]
+
+
+def _terminal(capsys, *argv) -> tuple[int, str]:
+    status = cli.main(["--device", "cpu", *map(str, argv)])
+    return status, capsys.readouterr().err
+
+
+def test_a_param_group_with_100x_the_lr_is_named_first_on_the_terminal(capsys, tmp_path):
+    # torchrun + DDP shape, param groups; run on one CPU through the terminal form
+    status, err = _terminal(capsys, "--params", "--save", tmp_path / "job.db",
+                            SCRIPTS / "ddp_param_groups.py", 25)
+    assert status == 0
+    report = err[err.index("findings, likeliest cause first:"):]
+    first = report.splitlines()[1]
+    assert first.startswith("  1. head (optimizer): `head`: lr 5, 100× the other group"), report
+    # the parameters that grew come next, before the outputs that went NaN later
+    assert report.splitlines()[2].startswith("  2. head.")
+    assert "module." not in report  # the inspector's paths, not DDP's
+
+
+def test_a_dead_relu_points_at_the_linear_whose_bias_kills_it(capsys):
+    status, err = _terminal(capsys, "--params", SCRIPTS / "dead_relu.py", 4)
+    assert status == 0  # nothing is NaN: the report is printed all the same
+    lines = err[err.index("findings, likeliest cause first:"):].splitlines()
+    assert lines[1].startswith("  1. fc1 (output): every output ≤ 0")
+    assert "its bias: mean -10" in lines[1] and "act (ReLU)" in lines[1]
+    assert lines[2].startswith("  2. act (output): dead: 100.0% zeros, because fc1")
+
+
+def test_log_of_zero_in_a_router_is_the_first_row_and_the_explanation_spells_paths_alike(
+        capsys):
+    status, err = _terminal(capsys, "--params", "--grads", SCRIPTS / "router_log.py", 3)
+    assert status == 0
+    first = err[err.index("findings, likeliest cause first:"):].splitlines()[1]
+    assert first.startswith("  1. moe.router (output):") and "log or sqrt of 0" in first
+    # the trap's explanation names the router as the inspector does, not "module.moe.router"
+    status, err = _terminal(capsys, "--trap", SCRIPTS / "router_log.py", 3)
+    assert status == 1
+    assert "'moe.router' (Router)" in err and "module.moe" not in err
+    assert "--save PATH" in err and "scn.load(PATH)" in err  # no insp.frame() on a terminal
+    assert "insp.frame()" not in err
+
+
+def test_the_trap_on_a_terminal_says_to_load_the_saved_rows(capsys, tmp_path):
+    saved = tmp_path / "moe.db"
+    status, err = _terminal(capsys, "--trap", "--save", saved, SCRIPTS / "router_log.py", 3)
+    assert status == 1 and f"scn.load({str(saved)!r})" in err
+    assert "findings, likeliest cause first:" in err and len(scn.load(saved))
+
+
+def test_vanishing_gradients_in_a_20_layer_sigmoid_mlp_lead_the_summary():
+    torch.manual_seed(0)
+    layers = [m for _ in range(20) for m in (nn.Linear(32, 32), nn.Sigmoid())]
+    model = nn.Sequential(*layers, nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with scn.inspect(model, grads=True) as insp:
+        view = insp.live()
+        for _ in range(6):
+            loss = model(torch.randn(16, 32)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    first = _first(insp)
+    assert first.kind == "grad" and first.path == "0.weight", first
+    assert first.why.startswith("vanishing gradient") and "below the largest (40." in first.why
+    # the summary and the live view lead with the same row
+    summary = repr(insp.summary()).splitlines()
+    assert summary[1].startswith("  1. 0.weight (grad, worst of {0,2,4")
+    assert "): vanishing gradient" in summary[1]
+    assert repr(view).splitlines()[1].split()[1] == "0.weight"
+    # and the heatmap draws gradients per parameter (it raised TypeError before)
+    fig = insp.plot(io="param_grad")
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert any(label.startswith("0.weight") for label in labels)
+    assert "first finding: 0.weight" in fig.axes[0].get_title()
+
+
+def _cnn():
+    class CNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+            self.c3 = nn.Conv2d(8, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)  # as ResNet's stem: the later layers see normal values
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.c3(torch.relu(self.c2(torch.relu(self.bn(self.stem(x)))))))
+            return self.fc(x.mean((2, 3)))
+    return CNN()
+
+
+def test_an_input_channel_normalised_by_a_near_zero_std_is_named_before_the_stem():
+    torch.manual_seed(0)
+    model = _cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    mean = torch.tensor([0.5, 0.5, 0.5]).view(1, 3, 1, 1)
+    std = torch.tensor([0.25, 0.25, 0.0004]).view(1, 3, 1, 1)  # a typo in the third std
+    with scn.inspect(model) as insp:
+        for _ in range(4):
+            images = torch.rand(8, 3, 16, 16) * torch.tensor([1, 1, .2]).view(1, 3, 1, 1) + \
+                torch.tensor([0, 0, .4]).view(1, 3, 1, 1)
+            loss = nn.functional.cross_entropy(model((images - mean) / std),
+                                               torch.randint(0, 10, (8,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    rows = insp.findings(5)
+    assert rows[0].kind == "input" and rows[0].why.startswith("channel 2 of the model's input [0]")
+    assert "the median of the other 2 channels" in rows[0].why
+    # the stem's output stands out among only three Conv2d: the small-group rule sees it
+    stem = next(r for r in rows if r.path == "stem")
+    assert "the median of the other 2 Conv2d" in stem.why
+
+
+class _Half(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+        self.square = _Square()
+
+    def forward(self, x):
+        return self.square(self.proj(x))
+
+
+class _Square(nn.Module):
+    def forward(self, x):
+        h = x.half()
+        return h * h * h  # float16: beyond 65504 is Inf
+
+
+def test_the_ranking_and_the_trap_say_float16_overflow_with_the_dtype_max():
+    torch.manual_seed(0)
+    model = _Half()
+    x = torch.randn(4, 64)
+    with scn.inspect(model) as insp:
+        model(x)
+        model(x * 30)
+    first = _first(insp)
+    assert first.path == "square" and "float16 overflow" in first.why and "65504" in first.why
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True):
+        model(x * 30)
+    assert "float16 overflow" in str(caught.value)
+    hint = scn.explain(caught.value).hint
+    assert hint.startswith("float16 overflow") and "65504" in hint
+
+
+def _diverging(lr: float = 50.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=lr)
+
+
+def _train(model, optimizer, steps=200):
+    for _ in range(steps):
+        loss = model(torch.randn(16, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_trap_and_explanation_agree_when_the_weights_are_already_nan():
+    model, optimizer = _diverging()
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True):
+        _train(model, optimizer)
+    message = str(caught.value)
+    assert "already held NaN/Inf" in message and "inputs were finite" not in message
+    assert "in its own" in scn.explain(caught.value).hint  # the explanation says the same
+
+
+def test_with_params_the_trap_stops_at_the_step_and_names_the_first_parameter_that_grew():
+    model, optimizer = _diverging()
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True, params=True):
+        _train(model, optimizer)
+    error = caught.value
+    assert error.io == "param" and "The optimiser step made it non-finite" in str(error)
+    assert "the first parameter to go wrong was" in str(error)
+    hint = scn.explain(error).hint
+    assert "after the optimiser step of step" in hint
+    assert "the first parameter to go wrong was" in hint
+
+
+def _job(monkeypatch, odd: int, ranks: int):
+    frames = []
+    for rank in range(ranks):
+        monkeypatch.setenv("RANK", str(rank))
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with scn.inspect(model, params=True) as insp:
+            for step in range(3):
+                optimizer.zero_grad()
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+                for p in model.parameters():
+                    p.grad = torch.full_like(p, 0.01)  # DDP's all-reduce
+                optimizer.step()
+                if rank == odd and step == 1:
+                    with torch.no_grad():
+                        model[0].bias.mul_(1.001)
+        frames.append(insp.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("odd", [0, 2])
+def test_compare_ranks_names_the_odd_rank_by_majority(monkeypatch, odd):
+    result = scn.compare_ranks(_job(monkeypatch, odd, 3))
+    assert result.odd == odd
+    assert repr(result).startswith(f"rank {odd} is the odd one")
+
+
+def test_compare_ranks_with_two_ranks_does_not_blame_one(monkeypatch):
+    result = scn.compare_ranks(_job(monkeypatch, 0, 2))
+    assert result.odd is None and repr(result).startswith("rank 0 and rank 1 differ")
+
+
+class _Blowup(nn.Module):
+    """Finite until step 1, then log of a negative number."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.log(x - 10) if self.calls > 1 else x
+
+
+def test_the_block_panel_leaves_modules_that_did_not_run_blank():
+    blocks = [nn.Sequential(nn.Linear(4, 4), nn.Identity()) for _ in range(6)]
+    blocks[2][1] = _Blowup()
+    model = nn.Sequential(*blocks)
+    with pytest.raises(NonFiniteError), scn.inspect(model, trap=True) as insp:
+        for _ in range(2):
+            model(torch.randn(2, 4))
+    panel = insp.plot().axes[1]  # block × module, latest step: blocks 3-5 never ran in it
+    red = [image for image in panel.images if image.get_array().count() < image.get_array().size]
+    painted = {int(i) for image in red[1:] for i, _ in zip(*(~image.get_array().mask).nonzero())}
+    assert painted and max(painted) <= 2, painted
+
+
+def test_a_view_sized_by_the_global_batch_is_connected_to_the_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched by torchrun with 2 processes
+
+    class Patches(nn.Module):
+        def __init__(self, batch_size):
+            super().__init__()
+            self.batch_size, self.proj = batch_size, nn.Linear(8, 8)
+
+        def forward(self, x):
+            world_size = int(__import__("os").environ["WORLD_SIZE"])
+            return self.proj(x.view(self.batch_size * world_size, 8, 8))
+
+    model = Patches(batch_size=4)
+    with pytest.raises(RuntimeError) as caught:
+        model(torch.randn(4, 64))
+    hint = scn.explain(caught.value).hint
+    assert "8 is 4 × 2, the global batch" in hint and "x.size(0)" in hint

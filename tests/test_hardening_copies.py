@@ -1,0 +1,84 @@
+"""An inspected model saved, loaded, pickled or deep-copied: it works and the copy carries no
+hook of ours (pytorch/examples' word_language_model saves `torch.save(model)` each epoch)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import torch
+from torch import nn
+
+import singlecard_nb as scn
+
+
+def users_hook(module, args, output):  # picklable: a module-level function of the user's
+    return output
+
+
+class Lit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, x):
+        return self(x).sum()
+
+
+def hook_counts(model: nn.Module) -> list[int]:
+    return [len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+            for m in model.modules()]
+
+
+def saved_and_loaded(model: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def test_torch_save_of_an_inspected_model_works_and_the_loaded_model_has_no_hooks():
+    model = Lit()
+    model.net[0].register_forward_hook(users_hook)  # the user's own hook is kept
+    before = hook_counts(model)
+    with scn.inspect(model, grads=True, params=True, inputs=True) as insp:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model.training_step(torch.ones(2, 3)).backward()
+            optimizer.step()
+            loaded = saved_and_loaded(model)  # a checkpoint each step
+        pickled = pickle.loads(pickle.dumps(model))
+    assert hook_counts(loaded) == hook_counts(pickled) == before
+    assert "__getstate__" not in vars(loaded) and "training_step" not in vars(loaded)
+    assert loaded.net[0]._forward_hooks[next(iter(loaded.net[0]._forward_hooks))] is users_hook
+    torch.testing.assert_close(loaded(torch.ones(1, 3)), model(torch.ones(1, 3)))
+    assert insp.steps_recorded == 2  # saving changed nothing in the recording
+    assert hook_counts(model) == before and "__getstate__" not in vars(model)
+
+
+def test_a_deep_copy_of_an_inspected_model_carries_no_hook_and_is_not_recorded():
+    model = Lit()
+    with scn.inspect(model) as insp:
+        model(torch.ones(1, 3))
+        twin = copy.deepcopy(model)
+        twin(torch.ones(1, 3))
+    assert hook_counts(twin) == [0] * len(hook_counts(twin))
+    assert "__getstate__" not in vars(twin) and "training_step" not in vars(twin)
+    assert insp.steps_recorded == 1
+
+
+def test_under_inspect_all_a_model_saves_and_a_deep_copy_is_still_no_new_model():
+    model = Lit()
+    with scn.inspect_all():
+        model(torch.ones(1, 3))
+        loaded = saved_and_loaded(model)
+        ema = copy.deepcopy(model)  # an EMA copy: no new model
+        ema(torch.ones(1, 3))
+        model(torch.ones(1, 3))
+    assert list(scn.inspectors()) == ["Lit"]
+    assert hook_counts(loaded) == [0] * len(hook_counts(loaded))
+    assert scn.inspectors()["Lit"].steps_recorded == 2

@@ -1,0 +1,96 @@
+"""Ctrl-C landing while hooks are being installed leaves nothing behind: the hook and its
+owner's note of it are one step (borrow.uninterrupted), and the KeyboardInterrupt still comes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as module_globals
+
+import singlecard_nb as scn
+from singlecard_nb import borrow
+from singlecard_nb.inspection.finding import discovery
+from singlecard_nb.inspection.recording import compile_watch
+
+
+def global_hooks() -> int:
+    return (len(module_globals._global_forward_pre_hooks)
+            + len(module_globals._global_forward_hooks))
+
+
+def ctrl_c_after(fn):
+    """`fn`, followed by a real SIGINT: Python raises KeyboardInterrupt at the next bytecode,
+    in the caller, right after `fn` returned (where a Ctrl-C lands at worst)."""
+    def interrupted(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return result
+
+    return interrupted
+
+
+@pytest.fixture(autouse=True)
+def python_handles_ctrl_c():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    yield
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def nothing_left(model: nn.Module) -> None:
+    assert global_hooks() == 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+    assert [o.name for o in borrow.active_owners()
+            if o.name != "inspect: optimizer step hook"] == []
+    assert not hasattr(torch.compile, "__wrapped__")  # torch's own again
+
+
+def test_ctrl_c_right_after_a_parameter_hook_is_registered_leaves_none(monkeypatch):
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    original = torch.Tensor.register_post_accumulate_grad_hook
+    monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", ctrl_c_after(original))
+    with pytest.raises(KeyboardInterrupt):
+        scn.inspect(model, grads=True)
+    monkeypatch.undo()
+    nothing_left(model)
+    assert scn.inspector(model) is None or not scn.inspector(model).active
+
+
+def test_ctrl_c_in_the_torch_compile_patch_leaves_no_global_probe_hook(monkeypatch):
+    model = nn.Sequential(nn.Linear(2, 3))
+    monkeypatch.setattr(compile_watch._CompileListeners, "install",
+                        ctrl_c_after(compile_watch._CompileListeners.install))
+    with pytest.raises(KeyboardInterrupt):
+        scn.inspect(model)
+    monkeypatch.undo()
+    nothing_left(model)
+    assert not compile_watch.compile_listeners.listening()
+
+
+def test_ctrl_c_right_after_inspect_all_registers_its_finder_leaves_none(monkeypatch):
+    model = nn.Sequential(nn.Linear(2, 3))
+    monkeypatch.setattr(discovery, "register_module_forward_pre_hook",
+                        ctrl_c_after(discovery.register_module_forward_pre_hook))
+    with pytest.raises(KeyboardInterrupt):
+        scn.inspect_all()
+    monkeypatch.undo()
+    nothing_left(model)
+
+
+def test_ctrl_c_while_an_owner_gives_back_still_gives_everything_back():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    insp = scn.inspect(model, grads=True)
+    first = model[0].weight._post_accumulate_grad_hooks
+    hook_id = next(iter(first))
+    handle_owner = insp._attach._owner
+    # the first undo to run (the last one registered) is followed by a Ctrl-C
+    label, undo = handle_owner._undo[-1]
+    handle_owner._undo[-1] = (label, ctrl_c_after(undo))
+    with pytest.raises(KeyboardInterrupt):
+        insp.stop()
+    assert hook_id not in first
+    nothing_left(model)
+    assert not insp.active
