@@ -9,6 +9,8 @@ The script runs as `python script.py args` would run it (`__name__ == "__main__"
 does); `--inspect` inspects every model the script calls (`inspect_all`). Records are saved at
 exit, also when the script fails or is interrupted; a failure inside a module (a NaN the trap
 caught) prints its explanation under the traceback, and the exit status is not zero.
+Tracebacks start at the script's own frames, as python prints them; the exit statuses and
+messages are listed in docs/inspect-all.md ("Exit statuses and messages").
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _positive(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, usage=f"{PROG} [options] (script.py | -m package.module) [args...]",
+        prog=PROG, allow_abbrev=False, usage=f"{PROG} [options] (script.py | -m package.module) [args...]",
         description="Run a training script unchanged, its models inspected "
                     "(singlecard_nb.inspect_all) and, with --device, on one device.")
     p.add_argument("--device", metavar="TARGET",
@@ -99,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, pin, inspect, run; returns the exit status."""
     p = parser()
     ours, rest = split(list(sys.argv[1:] if argv is None else argv))
+    _refuse_abbreviations(p, ours)
     options = p.parse_args(ours)  # a bad option: argparse's one-line error, exit status 2
     if options.module is None and not rest:
         p.error("give the script to run (script.py [args...]) or -m package.module")
     script = None if options.module is not None else rest.pop(0)
-    if script is not None and not Path(script).is_file():
-        p.error(f"can't open file {script!r}: no such file")
+    if script is not None:
+        _check_script(p, script)
+    if options.save is not None:  # checked, and fixed to this folder, before the script runs
+        options.save = _save_path(p, options.save)
     inspect = options.inspect or any(getattr(options, name) for name in _INSPECT_OPTIONS)
     agent = None
     if options.ranks_dir is not None:
@@ -133,19 +138,22 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
         if agent is not None and options.save:
             agent.every_beat(_saving_as_it_goes(finder, options.save))
-    status = 1
+    status, started_in = 1, os.getpid()
     try:
         status = _run(script, options.module, rest, agent)
-        return status
     finally:
-        if agent is not None:
+        forked = os.getpid() != started_in  # a child the script forked left the script's code
+        if agent is not None and not forked:
             agent.stop(status)
         try:
             if finder is not None:
                 finder.stop()
-                _report(finder)
-                if options.save:
-                    _save(finder, options.save, quiet=agent is not None)
+                if not forked:
+                    _report(finder)
+                if options.save and forked:
+                    _say_forked_child_leaves_the_save(started_in, options.save)
+                elif options.save and not _save(finder, options.save, quiet=agent is not None):
+                    status = status or 1  # the records asked for were not written: a failure
         finally:
             if hint is not None:
                 hint.restore()
@@ -153,6 +161,48 @@ def main(argv: list[str] | None = None) -> int:
                 from . import session
 
                 session.release()
+    return status
+
+
+def _refuse_abbreviations(p: argparse.ArgumentParser, ours: list[str]) -> None:
+    """`--dev cpu` is refused by name: an abbreviation would take the script's own options
+    (`--dev` of a script's argparse) for ours."""
+    # argparse lists its options only in this attribute (it has no public accessor)
+    names = [o for action in p._actions for o in action.option_strings if o.startswith("--")]
+    for word in ours:
+        given = word.split("=", 1)[0]
+        if given.startswith("--") and given not in names:
+            meant = [name for name in names if name.startswith(given)]
+            if meant:
+                p.error(f"{given}: write the option in full ({' or '.join(meant)}); "
+                        "abbreviations are not accepted, so the script's own options are "
+                        "never taken for ours")
+
+
+def _check_script(p: argparse.ArgumentParser, script: str) -> None:
+    """A file, or a folder (or zip) with `__main__.py`, as python runs them."""
+    path = Path(script)
+    if path.is_dir() and not (path / "__main__.py").is_file():
+        p.error(f"can't find '__main__' module in {script!r}")
+    if not path.exists():
+        p.error(f"can't open file {script!r}: no such file")
+
+
+def _save_path(p: argparse.ArgumentParser, path: str) -> str:
+    """`--save PATH` checked before the script runs, and made absolute, so a script that changes
+    folder (os.chdir) still saves where the command line said."""
+    from .inspection.runs.records import rank_path
+
+    try:
+        rank_path(path, rank(), launched_world_size())
+    except ValueError as e:
+        p.error(f"argument --save: {e}")
+    return os.path.abspath(path)
+
+
+def _say_forked_child_leaves_the_save(parent: int, path: str) -> None:
+    print(f"singlecard_nb: process {os.getpid()}, forked from {parent}, does not save its "
+          f"records: {path} is written by the process that started the script.", file=sys.stderr)
 
 
 def _inspect_options(options: argparse.Namespace) -> dict[str, Any]:
@@ -163,13 +213,13 @@ def _inspect_options(options: argparse.Namespace) -> dict[str, Any]:
 
 def _run(script: str | None, module: str | None, args: list[str], agent: Any = None) -> int:
     """Run the script as python would; its exit status (1 after an error, with explanation)."""
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_argv, path, saved_path = sys.argv[:], sys.path, sys.path[:]
     try:
         if script is not None:
             sys.argv = [script, *args]
-            folder = os.path.dirname(os.path.abspath(script))
-            sys.path[0:1] = [folder]
-            runpy.run_path(script, run_name="__main__")
+            where = os.path.abspath(script)  # a folder with __main__.py is itself on the path
+            sys.path[0:1] = [where if os.path.isdir(where) else os.path.dirname(where)]
+            runpy.run_path(where, run_name="__main__")  # __file__ absolute, as python 3.9+
         else:
             sys.argv = [module, *args]  # runpy puts the module's file name in argv[0]
             sys.path[0:1] = [os.getcwd()]
@@ -177,19 +227,42 @@ def _run(script: str | None, module: str | None, args: list[str], agent: Any = N
         return 0
     except SystemExit as e:
         return _exit_status(e.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as e:
+        _print_as_python_does(e)
         return 130
     except Exception as e:
         if agent is not None:
             agent.raised(e)  # before the traceback: the first rank to fail is the one to show
-        traceback.print_exc()
-        _explain(e)
+        if not _print_as_python_does(e, module):
+            _explain(e)
         return 1
     finally:
+        # all of it, as it was: a script that emptied sys.path (or replaced it) leaves us the
+        # imports the save needs
         sys.argv = saved_argv
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
+        path[:] = saved_path
+        sys.path = path
+
+
+def _print_as_python_does(error: BaseException, module: str | None = None) -> bool:
+    """The traceback from the script's own frames on, as python prints it (ours and runpy's
+    left out, the exception itself untouched); True when nothing of the script ran (its syntax
+    error, a `-m` module that is not there): then that is all python prints."""
+    tb = error.__traceback__
+    while tb is not None and _is_launcher(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is None and module is not None and isinstance(error, ImportError):
+        print(f"{sys.executable}: {error}", file=sys.stderr)  # python -m's own words
+        return True
+    traceback.print_exception(type(error), error, tb)
+    return tb is None
+
+
+_LAUNCHERS = (os.path.abspath(__file__), os.path.abspath(runpy.__file__))
+
+
+def _is_launcher(filename: str) -> bool:
+    return os.path.abspath(filename) in _LAUNCHERS or filename.startswith("<frozen runpy")
 
 
 def _exit_status(code: Any) -> int:
@@ -263,24 +336,48 @@ def _saving_as_it_goes(finder: Any, path: str, seconds: float = 1.0) -> Any:
     return save
 
 
-def _save(finder: Any, path: str, quiet: bool = False) -> None:
-    """Each model's records: PATH for one model, PATH.<Model>.db (suffix kept) for several."""
-    found = dict(finder.inspectors)
+def _save(finder: Any, path: str, quiet: bool = False) -> bool:
+    """Each model's records: PATH for one model, PATH.<Model>.db (suffix kept) for several;
+    False when a file could not be written (said, with why)."""
+    found = _models(finder)
     if quiet and not found:
-        return
+        return True
     if not found:
         print(f"singlecard_nb: no model was called, so nothing was saved to {path}.",
               file=sys.stderr)
-        return
-    target = Path(path)
+        return True
+    target, saved = Path(path), True
     for name, insp in found.items():
         where = target if len(found) == 1 else target.with_name(
-            f"{target.stem}.{name.replace('#', '-')}{target.suffix}")
+            f"{target.stem}.{_file_part(name)}{target.suffix}")
         try:
             written = insp.save(where)
         except OSError as e:
             print(f"singlecard_nb: {e}", file=sys.stderr)
+            saved = False
             continue
         if not quiet:
             print(f"singlecard_nb: {name}: {insp.steps_recorded} steps recorded, saved to "
                   f"{written}", file=sys.stderr)
+    return saved
+
+
+def _models(finder: Any) -> dict[str, Any]:
+    """The models ours found, and those of an `inspect_all()` the script started itself (which
+    stopped ours): every record the run made."""
+    from .inspection.finding.discovery import current
+
+    found = dict(finder.inspectors)
+    theirs = current()
+    if theirs is not None and theirs is not finder:
+        theirs.stop()  # the script's own finder, still looking if the script never stopped it
+        known = {id(insp) for insp in found.values()}
+        for name, insp in theirs.inspectors.items():
+            if id(insp) not in known:
+                found[name if name not in found else f"{name}#{len(found) + 1}"] = insp
+    return found
+
+
+def _file_part(name: str) -> str:
+    """A model's name as part of a file name: a class named `a/b` or `T{x}` saves too."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)

@@ -123,7 +123,8 @@ def single_card(on: bool | None = None) -> bool:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside DataParallel / DDP wrappers (nested too), moved to the pinned device.
+    """The module inside DataParallel / DDP / DeepSpeed engine wrappers (nested too), moved to
+    the pinned device.
 
     Works for wrappers built before pinning; with nothing pinned the module stays where it is.
     """
@@ -184,8 +185,10 @@ def fit(model: nn.Module, batch: Any, optimizer: Any = None, loss_fn: Any = None
     loss_fn: output -> loss (default: a scalar output, `.loss`, or the sum of the outputs).
     device: whose memory to fit in (default: the pinned card; else the model's device).
     """
+    from .sizing.fit import check
     from .sizing.fit import fit as plan_fit
 
+    check(model, optimizer)  # before the card is read from the model
     return plan_fit(model, batch, optimizer=optimizer, loss_fn=loss_fn,
                     card=_card_for(model, device))
 

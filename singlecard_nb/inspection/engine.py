@@ -159,6 +159,7 @@ class Inspector(InspectorResults):
             self._memory.stopped(self._model())
         self._calls.close_all()
         self._recorder.flush()
+        self._store.tell_listeners()  # also when no step was pending: a view draws "stopped"
 
     def __enter__(self) -> Inspector:
         return self.start()

@@ -119,7 +119,8 @@ class InspectorResults:
         return self._memory.table(self._model(), optimizer)
 
     def add_listener(self, fn: Callable[[Any], None]) -> None:
-        """Call `fn(insp)` each time a recorded step's statistics reach the host."""
+        """Call `fn(insp)` each time a recorded step's statistics reach the host, and when the
+        inspector stops."""
         self._store.listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[Any], None]) -> None:

@@ -66,9 +66,16 @@ class Guards:
     def _asking(self, original: Any, call: str) -> Any:
         def question(*args: Any, **kwargs: Any) -> Any:
             answer = original(*args, **kwargs)
-            if _too_few(answer) and not _from_torch(frame := sys._getframe(1)):
-                code = frame.f_code
-                self.asked = _Asked(call, answer, code.co_filename, frame.f_lineno, code.co_name)
+            if _too_few(answer):
+                frame = sys._getframe(1)
+                if not _from_torch(frame):
+                    code = frame.f_code
+                    self.asked = _Asked(call, answer, code.co_filename, frame.f_lineno,
+                                        code.co_name)
+                    if not self.notices.said("gpu-assert"):
+                        self._if_asserted(self.asked)
+                elif not self.notices.said("gpu-accelerator"):
+                    self._if_trainer_asks_for_a_gpu(frame, call, answer)
             return answer
 
         return wrap_like(original, question)
@@ -87,11 +94,55 @@ class Guards:
                     f"answered {asked.answer!r} at {asked.where} (`{asked.line}`): the check at "
                     f"{guard[0]} "
                     f"(`{guard[1]}`) asks for more devices than {self.device}, the one counted "
-                    "here; skip that check to run as a world of one. More: "
-                    "docs/single-card.md, \"GPU-count guards\"."))
+                    "here; skip that check to run as a world of one, or run the ranks a script "
+                    "needs with `%singlecard cpu --ranks N`. More: docs/single-card.md, "
+                    "\"GPU-count guards\"."))
             original(status)
 
         return wrap_like(original, exit)
+
+
+    def _if_asserted(self, asked: _Asked) -> None:
+        """`assert torch.cuda.is_available()` (timm's `--device cuda`): said before it fails."""
+        line = asked.line
+        if line.startswith("assert "):
+            self.notices.say("gpu-assert", lambda: (
+                f"singlecard_nb: `{line}` at {asked.where} fails: {asked.call}() is "
+                f"{asked.answer!r} on {self.device}, this session's device; give the script the "
+                "CPU as its device (timm: `--device cpu`). More: docs/single-card.md, "
+                "\"GPU-count guards\"."), stacklevel=3)
+
+    def _if_trainer_asks_for_a_gpu(self, frame: Any, call: str, answer: Any) -> None:
+        """Lightning's `Trainer(accelerator="gpu")`: said before Lightning refuses it, at the
+        user's line that made the Trainer."""
+        accelerator, users = _trainer_accelerator(frame)
+        if not (isinstance(accelerator, str) and accelerator.lower() in ("gpu", "cuda")):
+            return
+        self.notices.say("gpu-accelerator", lambda: (
+            f"singlecard_nb: Trainer(accelerator={accelerator!r}) at {_where(users)} asks for a "
+            f"GPU, and {call}() is {answer!r} on {self.device}, this session's device: pass "
+            "accelerator=\"cpu\" (or \"auto\"). More: docs/single-card.md, \"GPU-count "
+            "guards\"."), stacklevel=_level(frame, users))
+
+
+def _trainer_accelerator(frame: Any) -> tuple[Any, Any]:
+    """(the `accelerator` a Lightning Trainer being made was given, the first frame outside the
+    libraries above it), or (None, None) when no Trainer is being made."""
+    accelerator = None
+    while frame is not None and _from_torch(frame):
+        here = frame.f_locals if frame.f_code.co_name == "__init__" else {}
+        if type(here.get("self")).__name__ == "Trainer" and "accelerator" in here:
+            accelerator = here["accelerator"]
+        frame = frame.f_back
+    return (accelerator, frame) if frame is not None else (None, None)
+
+
+def _level(asking: Any, users: Any) -> int:
+    """The stacklevel of `users` for a notice said two calls below `asking`'s call."""
+    level, frame = 3, asking
+    while frame is not None and frame is not users:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _guard(frame: Any, asked: _Asked) -> tuple[str, str] | None:

@@ -7,7 +7,9 @@ Data loading written for a GPU pins its batches and copies them without blocking
 every host tensor already sits in the device's memory, as a pinned tensor does: `pin_memory()`
 returns the tensor itself (what torch returns for a tensor that is pinned already), so
 `is_pinned()` says True for CPU tensors (torch's own code gets torch's answer); `DataLoader(pin_memory=True)` loads into ordinary
-memory (what torch does anyway, with a warning on every epoch); `record_stream` on the CPU's one
+memory (what torch does anyway, with a warning on every epoch); a factory function asked for
+pinned memory (`torch.zeros(2, pin_memory=True)`, `torch.empty(...)`, `x.new_empty(...)`) makes
+the tensor in ordinary memory (remap.py's factory patches ask `unpinned`); `record_stream` on the CPU's one
 stream has nothing to record. `non_blocking=True` copies between CPU tensors already work.
 Said once, counted in `%singlecard status`. Torch's own callers (FSDP's CPU offload pins its
 shards) get the same answers.
@@ -70,6 +72,15 @@ def install(owner: Borrowed, notices: Notices) -> None:
 
     owner.set_attr(DataLoader, "__init__", wrap_like(original_init, __init__),
                    "DataLoader(pin_memory=True)")
+
+
+def unpinned(kwargs: dict[str, Any], call: str, notices: Notices) -> None:
+    """A factory call's `pin_memory=True` for a tensor on the host (`%singlecard cpu`) turned
+    off in `kwargs`, as `.pin_memory()` is answered; said once, at the caller of the factory."""
+    device = kwargs.get("device")
+    if device is None or torch.device(device).type == "cpu":
+        notices.say("pin_memory", _NOTE.format(f"{call}(..., pin_memory=True)"), stacklevel=3)
+        kwargs["pin_memory"] = False
 
 
 def _from_torch(frame: Any) -> bool:

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from .pinned_memory import unpinned
 from .under_cpu import under_cpu
 
 # Functions in the torch namespace that take `device=` (keyword-only in all of them).
@@ -208,6 +209,8 @@ def _factory(original: Callable, remapper: Remapper, name: str) -> Callable:
             if new is not None:
                 remapper.say("device=", call, device)
                 kwargs["device"] = new
+        if kwargs.get("pin_memory") and under_cpu(remapper.device) and not _compiling():
+            unpinned(kwargs, name, remapper.notices)  # the host is the device: as .pin_memory()
         return original(*args, **kwargs)
 
     return wrap_like(original, factory)

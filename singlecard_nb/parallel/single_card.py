@@ -155,13 +155,15 @@ def enabled() -> bool:
 
 
 def unwrap(model: nn.Module, device: torch.device | None = None) -> nn.Module:
-    """The module inside DataParallel / DDP wrappers (nested too), moved to `device`.
+    """The module inside DataParallel / DDP / DeepSpeed engine wrappers (nested too), moved to
+    `device`.
 
     device: where the module goes (default: single-card mode's device; None leaves it in place).
     Works for wrappers built before single-card mode.
     """
-    while isinstance(model, (nn.DataParallel, DistributedDataParallel)):
-        model = model.module
+    while isinstance(model, (nn.DataParallel, DistributedDataParallel)) or (
+            type(model).__name__ == "DeepSpeedEngine" and isinstance(model.module, nn.Module)):
+        model = model.module  # DeepSpeed's engine by name: deepspeed is not imported to ask
     device = _state.device if device is None else device
     if device is not None:
         model.to(device)

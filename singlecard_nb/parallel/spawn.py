@@ -10,6 +10,13 @@ children. The worker's exceptions reach the caller unchanged (no `ProcessRaisedE
 thread count would do (vanish with the child) is kept: both are put back after the worker
 (Lightning's launcher, for one, sets OMP_NUM_THREADS and torch's threads in its workers). A notice says so once; asking for several processes (or none: a
 world size from `torch.cuda.device_count()` under `%singlecard cpu` is 0) is said once too.
+
+torch elastic's `elastic_launch(config, fn)(*args)` (what `accelerate.notebook_launcher(fn,
+num_processes=N)` and torchrun-from-Python call) runs `fn(*args)` here the same way, with
+torchrun's variables for rank 0 of a world of one, and returns `{0: result}` as elastic does:
+its agent would start its workers through the patched `start_processes`, in this process, where
+they wait for that agent further down the same stack, for good. A command entrypoint (a script
+to start) is left to elastic.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ def install(owner: Borrowed, notices: Notices) -> None:
         owner.set_attr(mp, name, patched, f"torch.multiprocessing.{name}")
         if getattr(module, name) is original:
             owner.set_attr(module, name, patched, f"torch.multiprocessing.spawn.{name}")
+    _patch_elastic_launch(owner, notices)
 
 
 def _in_this_process(original: Callable, name: str, notices: Notices) -> Callable:
@@ -85,6 +93,58 @@ def _in_this_process(original: Callable, name: str, notices: Notices) -> Callabl
         return None if call.arguments["join"] else RanInThisProcess()
 
     return wrap_like(original, run)
+
+
+def _patch_elastic_launch(owner: Borrowed, notices: Notices) -> None:
+    try:
+        from torch.distributed.launcher import api
+    except ImportError:  # a torch without torch.distributed
+        return
+    original = api.launch_agent
+
+    def launch_agent(config: Any, entrypoint: Any, args: list, *rest: Any, **kwargs: Any) -> Any:
+        if not callable(entrypoint):  # a command: elastic starts real processes
+            return original(config, entrypoint, args, *rest, **kwargs)
+        nprocs = config.nproc_per_node * max(config.max_nodes, 1)
+        what = getattr(entrypoint, "__name__", repr(entrypoint))
+        level = _users_line(sys._getframe(1))
+        notices.say("elastic", lambda: (
+            f"singlecard_nb: elastic_launch(nproc_per_node={config.nproc_per_node}) of {what} "
+            f"(accelerate's notebook_launcher) runs {what}(...) in this process, as rank 0 of a "
+            "world of one. More: docs/single-card.md, \"torch.multiprocessing.spawn\"."),
+            stacklevel=level)
+        if nprocs != 1:
+            world_size.say(notices, nprocs, f"elastic_launch(nproc_per_node={nprocs})",
+                           stacklevel=level + 1)  # said one call deeper
+        environ, threads = dict(os.environ), torch.get_num_threads()
+        os.environ.update(_RANK_0_OF_1)
+        try:
+            return {0: entrypoint(*args)}
+        finally:
+            _put_back(environ)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+
+    owner.set_attr(api, "launch_agent", wrap_like(original, launch_agent),
+                   "torch.distributed.launcher.api.launch_agent (elastic_launch)")
+
+
+_LIBRARIES = ("torch.", "accelerate", "lightning", "pytorch_lightning", "singlecard_nb")
+
+
+def _users_line(frame: Any) -> int:
+    """The stacklevel, for a notice said in the function whose caller is `frame`, of the first
+    frame outside torch, the launching libraries and this package: the user's call."""
+    level = 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_LIBRARIES):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+# what torchrun sets for each worker, here for the one
+_RANK_0_OF_1 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
+                "ROLE_WORLD_SIZE": "1"}
 
 
 def _put_back(environ: dict[str, str]) -> None:

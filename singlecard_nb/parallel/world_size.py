@@ -25,6 +25,13 @@ def from_environ(environ: Mapping[str, str]) -> int | None:
 
 def say(notices: Notices, size: int, source: str, stacklevel: int = 3) -> None:
     """Say once that `source` (e.g. "WORLD_SIZE=8") asks for `size` ranks, and what that does."""
+    if isinstance(size, int) and size < 1:  # no job to be 1/size of: a count of no GPUs
+        notices.say("world", lambda: (
+            f"singlecard_nb: {source} asks for {size} ranks (torch.cuda.device_count() is 0 "
+            "where no GPU is visible, as under `%singlecard cpu`), run here as a world of one: "
+            "size the job from dist.get_world_size() or WORLD_SIZE (1 here). More: "
+            "docs/single-card.md, \"The job's world size\"."), stacklevel=stacklevel)
+        return
     notices.say("world", lambda: (
         f"singlecard_nb: {source} is a job of {size} ranks, run here as a world of one: a script "
         f"that splits its global batch by the world size does 1/{size} of the job's work per "

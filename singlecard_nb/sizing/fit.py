@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..capacity import Card
 from ..job import launched_world_size
-from .ledger import FakeStep
+from .ledger import FakeStep, reads_values
 from .plan import Plan, Run
 
 _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
@@ -102,22 +102,63 @@ def _measure(step: FakeStep, model, args, kwargs, size, new, autocast=None) -> R
     except RuntimeError as e:
         if str(e).startswith("scn.fit"):
             raise
-        raise RuntimeError(
-            f"scn.fit could not run {type(model).__name__}'s step on fake tensors at batch size "
-            f"{new} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Code "
-            "that reads values (.item(), nonzero, boolean masks) cannot run without data."
-        ) from e
+        said = f"{type(e).__name__}: {str(e).splitlines()[0].rstrip('.') if str(e) else ''}"
+        if reads_values(e):
+            raise RuntimeError(
+                f"scn.fit could not run {type(model).__name__}'s step on fake tensors at batch "
+                f"size {new} ({said}). Code that reads values (.item(), nonzero, boolean masks) "
+                "cannot run without data.") from e
+        raise RuntimeError(_failed(model, step.failed_in, step.failed_inputs, new, said)) from e
     return Run(new, ledger.peak, by_kind, by_module)
+
+
+def _failed(model: nn.Module, path: str | None, inputs: list[tuple], size: int,
+            said: str) -> str:
+    """fit's one line for a step that fails on its own: the module, its inputs' shapes, and
+    torch's words."""
+    where = ""
+    if path is not None:
+        shapes = ", ".join("(" + ", ".join(map(str, s)) + ")" for s in inputs)
+        where = (f" in {path or '(the model itself)'!r} "
+                 f"({_one_line(model.get_submodule(path)) if path else type(model).__name__})"
+                 + (f" called with {shapes}" if shapes else ""))
+    return (f"scn.fit: {type(model).__name__}'s step fails{where} at batch size {size}: {said}. "
+            "The real step fails the same way: fix the shapes, then plan again (run it once and "
+            "`scn.explain()` names the call and its inputs).")
+
+
+def _one_line(module: nn.Module) -> str:
+    text = repr(module).splitlines()
+    return text[0] if len(text) == 1 else f"{type(module).__name__}(...)"
+
+
+def check(model: Any, optimizer: Any) -> None:
+    """What fit can plan: a module, and an optimizer whose step runs once per step."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"scn.fit needs an nn.Module, got {type(model).__name__}: pass the "
+                        "model whose training step to plan")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"scn.fit: optimizer must be a torch.optim.Optimizer or None, got "
+                        f"{type(optimizer).__name__}")
+    if optimizer is not None and _needs_closure(optimizer):
+        raise ValueError(
+            f"scn.fit: {type(optimizer).__name__}.step(closure) runs the model again inside the "
+            "step, which fit does not plan; pass optimizer=None to plan forward and backward "
+            "(the optimizer's state comes on top).")
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    try:
+        closure = pyinspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is closure.empty
 
 
 def fit(model: nn.Module, batch: Any, *, optimizer: Any = None, loss_fn: Any = None,
         card: Card | None = None) -> Plan:
     """The Plan of one training step of `model` on `batch` (see `session.fit`)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"scn.fit needs an nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"scn.fit: optimizer must be a torch.optim.Optimizer or None, got "
-                        f"{type(optimizer).__name__}")
+    check(model, optimizer)
     world, inner = launched_world_size(), model
     if isinstance(model, _WRAPPERS):  # the step runs the module inside; the batch stays global
         inner = model.module
@@ -126,6 +167,9 @@ def fit(model: nn.Module, batch: Any, *, optimizer: Any = None, loss_fn: Any = N
     args, kwargs = _as_call(batch)
     check_inputs(inner, args, kwargs)
     size = batch_size(args, kwargs)
+    if size == 0:
+        raise ValueError("scn.fit: the batch holds 0 samples (its first dimension is 0); pass "
+                         "one batch of the size you train with, e.g. next(iter(loader)).")
     loss_fn = loss_fn or default_loss
     step = FakeStep(inner, optimizer, loss_fn)
 

@@ -5,6 +5,12 @@ dtypes and devices, no data), the way torch's MemTracker measures a step. A disp
 the copy sees every operation's outputs; each output storage is counted from the operation that
 made it until the weak-reference finalizer of its storage says it is gone. The peak is the
 highest sum of live storages, and what was live then is kept by kind and by module.
+
+The user's own hooks never run on the fakes: the copy keeps only torch's own (weight_norm's
+pre-hook computes the weight), and hooks registered for every module (an inspector's, a
+user's `register_module_forward_hook`) are out of torch's tables while a step runs, back in
+`finally`. Tensors a module keeps as plain attributes (`self.mask = torch.ones(...)`, not a
+buffer) are faked with the parameters, and counted with them: no byte of them is copied.
 """
 
 from __future__ import annotations
@@ -13,13 +19,20 @@ import contextlib
 import copy
 import inspect
 import itertools
+import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.nn.modules import module as _module_globals
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -42,6 +55,8 @@ class Ledger(TorchDispatchMode):
         self.modules: list[str] = []  # the module stack of the fake model's forward
         self.measuring = False
         self.grad_tokens: dict[int | None, str] = {}  # gradients -> their module
+        self.failed_in: str | None = None  # the module a failing step's error came out of
+        self.failed_inputs: list[tuple] = []  # the shapes that module was called with
 
     def track(self, t: Any, phase: str | None = None, module: str | None = None) -> None:
         if not isinstance(t, torch.Tensor):
@@ -99,6 +114,10 @@ def module_stack(model: nn.Module, ledger: Ledger) -> Iterator[None]:
             ledger.modules.append(path)
 
         def post(_m, _args, _out, path=path):
+            if ledger.failed_in is None and sys.exc_info()[1] is not None:
+                ledger.failed_in = path  # always_call: the innermost call the error left
+                ledger.failed_inputs = [tuple(t.shape) for t in tree_leaves(_args)
+                                        if isinstance(t, torch.Tensor)]
             if ledger.modules and ledger.modules[-1] == path:
                 ledger.modules.pop()
 
@@ -119,12 +138,17 @@ def fake_copy(model: nn.Module, optimizer: Any, mode: FakeTensorMode):
         memo[id(p)] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo[id(b)] = mode.from_tensor(b)
+    for t in attribute_tensors(model):
+        if id(t) not in memo:
+            memo[id(t)] = mode.from_tensor(t)
     try:
         fake_model = copy.deepcopy(model, memo)
     except Exception as e:
         raise RuntimeError(f"scn.fit could not copy {type(model).__name__} without its memory "
                            f"(copy.deepcopy with fake tensors raised {type(e).__name__}: {e})"
                            ) from e
+    for module in fake_model.modules():
+        _keep_torchs_hooks(module)
     fake_optimizer = None
     if optimizer is not None:
         groups = [{**{k: v for k, v in group.items() if k != "params"},
@@ -142,6 +166,76 @@ def fake_copy(model: nn.Module, optimizer: Any, mode: FakeTensorMode):
             if fake is not None:
                 fake_optimizer.state[fake] = {k: _fake_state(v, mode) for k, v in state.items()}
     return fake_model, fake_optimizer
+
+
+def attribute_tensors(module: nn.Module, recurse: bool = True) -> list[torch.Tensor]:
+    """Tensors modules hold as plain attributes (also in lists, tuples and dicts), neither
+    parameters nor buffers."""
+    found = []
+    for m in module.modules() if recurse else (module,):
+        for name, value in vars(m).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                found += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)
+                          and not isinstance(t, nn.Parameter)]
+    return found
+
+
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                 "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _torchs(hook: Any) -> bool:
+    """A hook torch registered itself (weight_norm, spectral_norm, parametrizations)."""
+    owner = getattr(hook, "__module__", None) or type(hook).__module__
+    return isinstance(owner, str) and owner.startswith("torch.")
+
+
+def _keep_torchs_hooks(module: nn.Module) -> None:
+    """The copy's hook tables without the user's hooks (and inspectors'): only torch's own."""
+    for name in _MODULE_HOOKS:
+        table = getattr(module, name, None)
+        if table:
+            for key in [k for k, hook in table.items() if not _torchs(hook)]:
+                del table[key]
+
+
+@contextlib.contextmanager
+def quiet_fake_kernels() -> Iterator[None]:
+    """FakeTensorMode logs each failing kernel's whole traceback at ERROR before raising; the
+    error itself is what fit reports, in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def without_global_hooks() -> Iterator[None]:
+    """The hooks registered for every module, but torch's own, out of torch's tables while a
+    fake step runs; back, exactly as they were, in `finally`."""
+    saved = []
+    for name in _GLOBAL_HOOKS:
+        table = getattr(_module_globals, name, None)
+        if table:
+            saved.append((table, dict(table)))
+            for key in [k for k, hook in table.items() if not _torchs(hook)]:
+                del table[key]
+    try:
+        yield
+    finally:
+        for table, entries in saved:
+            table.clear()
+            table.update(entries)
+
+
+def reads_values(error: BaseException) -> bool:
+    """Whether a fake step failed because code read tensor values (.item(), nonzero, masks)."""
+    return isinstance(error, (DataDependentOutputException, DynamicOutputShapeException))
 
 
 def _fake_state(value: Any, mode: FakeTensorMode) -> Any:
@@ -185,6 +279,8 @@ class FakeStep:
             for p in m.parameters(recurse=False):
                 self.owners.setdefault(id(p), path)
         self._warm = self.optimizer is not None and not self.optimizer.state
+        self.failed_in: str | None = None  # the module the last failed step's error left
+        self.failed_inputs: list[tuple] = []
 
     def measure(self, batch: Callable[[], Any], autocast: torch.dtype | None = None
                 ) -> tuple[Ledger, dict[str, int], dict]:
@@ -193,19 +289,23 @@ class FakeStep:
         ledger = Ledger()
         for p in self.model.parameters():
             p.grad = None  # a step that failed half-way leaves none behind
-        with self.mode, ledger, module_stack(self.model, ledger):
+        with quiet_fake_kernels(), without_global_hooks(), self.mode, ledger, module_stack(self.model, ledger):
             for path, m in self.model.named_modules():
-                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False),
+                          *attribute_tensors(m, recurse=False)):
                     ledger.track(t, "parameters", path)
             if self.optimizer is not None:
                 for p, state in self.optimizer.state.items():
                     for v in state.values():
                         ledger.track(v, "optimizer", self.owners.get(id(p), ""))
-            if self._warm:
+            try:
+                if self._warm:
+                    _one_step(self.model, self.optimizer, batch, self.loss_fn, ledger, autocast)
+                    self._warm = False
+                ledger.start_measuring()
                 _one_step(self.model, self.optimizer, batch, self.loss_fn, ledger, autocast)
-                self._warm = False
-            ledger.start_measuring()
-            _one_step(self.model, self.optimizer, batch, self.loss_fn, ledger, autocast)
+            finally:
+                self.failed_in, self.failed_inputs = ledger.failed_in, ledger.failed_inputs
             by_kind, by_module = _classify(ledger, self.model, self.optimizer, self.owners)
         return ledger, by_kind, by_module
 

@@ -12,12 +12,14 @@ from ..recording.attach import STEP_METHODS
 _CALL_IMPL = nn.Module._call_impl.__code__
 # Averaging helpers whose `module` is a copy of the model (torch's swa_utils, timm, ema-pytorch)
 COPY_CLASSES = frozenset({"AveragedModel", "ModelEma", "ModelEmaV2", "ModelEmaV3", "EMA"})
+# by class name, so that no library is imported to ask: DeepSpeed's engine (deepspeed.initialize)
+# holds the model as `.module`, as DDP does
 _DATA_PARALLEL = frozenset({"DataParallel", "DistributedDataParallel",
-                            "FullyShardedDataParallel"})
+                            "FullyShardedDataParallel", "DeepSpeedEngine"})
 
 
 def unwrapped(module: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
-    """The model inside DataParallel / DDP / FSDP wrappers, as a torch.compile wrapper of it (if
+    """The model inside DataParallel / DDP / FSDP / DeepSpeed engine wrappers, as a torch.compile wrapper of it (if
     the innermost wrapper is one: `inspect()` takes it and runs it eagerly), and the wrappers
     on the way."""
     chain = []

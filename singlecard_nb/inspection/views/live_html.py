@@ -137,7 +137,8 @@ def render(rows: list[Row], step: Any, modules: int, state: str, view_id: str,
     data = {"view": view_id, "top": top, "numeric": {key: numeric for key, _, numeric in COLUMNS},
             "rows": [_record(r, i, sparks) for i, r in enumerate(rows, 1)]}
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_plain)
-    payload = payload.replace("</", "<\\/")  # never ends the script element early
+    payload = script_safe(payload)
+    script = _SCRIPT.replace("GLOB", GLOB_JS).replace("RENDER_ID", render_id)
     return (f"<div class='singlecard-live-view {NO_MATH_CLASSES}' data-render='{render_id}'>"
             f"<style>{_STYLE}</style>{head}"
             "<div class='scn-controls'><input type='search' class='scn-search' "
@@ -148,7 +149,15 @@ def render(rows: list[Row], step: Any, modules: int, state: str, view_id: str,
             f"<table class='singlecard-live'><thead><tr>{th}</tr></thead><tbody>{body}"
             f"</tbody></table><div class='scn-more scn-muted'>{escape(more)}</div>"
             f"<script type='application/json' class='scn-data'>{payload}</script>"
-            f"<script>{_SCRIPT.replace('RENDER_ID', render_id)}</script></div>")
+            f"<script>{script}</script></div>")
+
+
+def script_safe(payload: str) -> str:
+    """JSON that no HTML parser reads as markup inside a <script> element: a module named
+    `<!--<script>` would otherwise turn the parser's script-escape states on, so that the
+    element ends later than ours (the view's script never runs, and an nbconvert export hides
+    all that follows). JSON reads \\u003c as `<`, so the data is the same."""
+    return payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _plain(value: Any) -> Any:
@@ -156,6 +165,23 @@ def _plain(value: Any) -> Any:
         return num(value)
     return str(value)
 
+
+# A search term with * ? or [ as a RegExp by fnmatch's rules (Python's search, ranking.search):
+# `[` without its `]` is the character itself, `[!x]` is "not x", anything else is literal.
+# None for a term the browser cannot compile (a range out of order): it matches nothing.
+GLOB_JS = r"""
+function globRe(t){var re="",i=0,n=t.length;
+ while(i<n){var c=t[i++];
+  if(c==="*")re+=".*";else if(c==="?")re+=".";
+  else if(c==="["){var j=i;if(j<n&&t[j]==="!")j++;if(j<n&&t[j]==="]")j++;
+   while(j<n&&t[j]!=="]")j++;
+   if(j>=n){re+="\\[";continue;}
+   var s=t.slice(i,j).replace(/\\/g,"\\\\").replace(/\]/g,"\\]");i=j+1;
+   if(!s)re+="(?!)";else if(s==="!")re+=".";
+   else{if(s[0]==="!")s="^"+s.slice(1);else if(s[0]==="^"||s[0]==="[")s="\\"+s;re+="["+s+"]";}}
+  else re+=c.replace(/[.+^${}()|\\\/\]\[]/g,"\\$&");}
+ try{return new RegExp("^(?:"+re+")$");}catch(e){return null;}}
+""".strip()
 
 # The browser side: reads the data, redraws the table from the user's state on every update.
 _SCRIPT = r"""
@@ -174,13 +200,13 @@ root.querySelector(".scn-controls").style.display="flex";
 input.value=st.q;expand.checked=st.expand;
 var ROW="singlecard-live-row";  // as the Python side draws rows, one per module or group
 function esc(s){return String(s).replace(/[&<>"'$]/g,function(c){return "&#"+c.charCodeAt(0)+";";});}
+GLOB
 function key(r){return r.members?"g:"+r.name:r.module;}
 function flat(rows){var out=[];rows.forEach(function(r){if(r.members)out.push.apply(out,r.members);else out.push(r);});return out;}
 function matcher(q){
  var terms=q.toLowerCase().split(/[\s,]+/).filter(Boolean);
  var tests=terms.map(function(t){
-  if(/[*?\[]/.test(t)){var re=new RegExp("^"+t.replace(/[.+^${}()|\\]/g,"\\$&").replace(/\*/g,".*").replace(/\?/g,".")+"$");
-   return function(s){return re.test(s);};}
+  if(/[*?\[]/.test(t)){var re=globRe(t);return function(s){return re!==null&&re.test(s);};}
   return function(s){return s.indexOf(t)>=0;};});
  return function(r){var p=r.module.toLowerCase(),ty=r.type.toLowerCase();
   return tests.some(function(f){return f(p)||f(ty);});};}
