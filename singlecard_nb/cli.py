@@ -47,7 +47,8 @@ def _positive(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, usage=f"{PROG} [options] (script.py | -m package.module) [args...]",
+        prog=PROG, allow_abbrev=False,
+        usage=f"{PROG} [options] (script.py | -m package.module) [args...]",
         description="Run a training script unchanged, its models inspected "
                     "(singlecard_nb.inspect_all) and, with --device, on one device.")
     p.add_argument("--device", metavar="TARGET",

@@ -14,7 +14,8 @@ import singlecard_nb as scn
 from singlecard_nb import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-_STEPS = "import torch\nmodel = torch.nn.Linear(2, 2)\nfor _ in range({}):\n    model(torch.ones(1, 2))\n"
+_STEPS = ("import torch\nmodel = torch.nn.Linear(2, 2)\nfor _ in range({}):\n"
+          "    model(torch.ones(1, 2))\n")
 
 
 def _script(folder: Path, name: str, text: str) -> Path:

@@ -109,7 +109,7 @@ def test_the_gpu_count_guards_notice_says_how_to_run_a_script_that_needs_its_ran
         runpy.run_path(str(script))
     (guard,) = [str(w.message) for w in said if "sys.exit()" in str(w.message)]
     assert "the check at tp.py:2" in guard and "skip that check" in guard
-    assert "`%singlecard cpu --ranks N`" in guard and "docs/ranks.md" in guard
+    assert "`%singlecard cpu --ranks N`" in guard and "docs/single-card.md" in guard
 
 
 def test_an_assert_that_cuda_is_available_is_named_with_what_to_pass_instead():

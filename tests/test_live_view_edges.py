@@ -72,7 +72,8 @@ console.log(JSON.stringify(out));"""
     page = json.loads(_node(code))
     python = {t: [p for p in paths if fnmatch.fnmatchcase(p, t)] for t in terms}
     assert page == python
-    _node(f"new Function({json.dumps(_page(Named('x')).split('<script>')[-1][:-len('</script></div>')])})")
+    script = _page(Named("x")).split("<script>")[-1][:-len("</script></div>")]
+    _node(f"new Function({json.dumps(script)})")  # the page's whole script compiles
 
 
 def test_a_scripts_live_view_prints_at_stop_also_when_its_rows_were_read(monkeypatch, capsys):

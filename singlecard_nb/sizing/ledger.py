@@ -289,7 +289,8 @@ class FakeStep:
         ledger = Ledger()
         for p in self.model.parameters():
             p.grad = None  # a step that failed half-way leaves none behind
-        with quiet_fake_kernels(), without_global_hooks(), self.mode, ledger, module_stack(self.model, ledger):
+        with quiet_fake_kernels(), without_global_hooks(), self.mode, ledger, \
+                module_stack(self.model, ledger):
             for path, m in self.model.named_modules():
                 for t in (*m.parameters(recurse=False), *m.buffers(recurse=False),
                           *attribute_tensors(m, recurse=False)):
