@@ -190,6 +190,7 @@ def _unwrapped(calls: list[Call]) -> list[Call]:
 
 
 def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call]) -> Explanation:
+    wrapper = calls[0].module  # DataParallel & co. before unwrapping: the job's shape
     calls = _unwrapped(calls)
     paths, registered = [""], True
     for parent, child in zip(calls, calls[1:]):
@@ -219,6 +220,7 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
         args=innermost.args, kwargs=innermost.kwargs, inputs=leaves, source=source,
         location=location, registered=registered, non_finite=_non_finite_error(exc),
         traced=bool(stack), root=root, root_inputs=input_leaves(calls[0].args, calls[0].kwargs),
+        wrapper=wrapper if wrapper is not root else None,
         callers=[(p, c.module, c.args, c.kwargs) for p, c in zip(paths, calls)],
         neighbours=user_modules(raised)))
     # after a CUDA error the context may be gone, and out of memory reading values would

@@ -40,6 +40,7 @@ class Failure:
     # called in a cell: `loss = criterion(model(x), y)` has only the loss on the stack).
     neighbours: list[tuple[str, nn.Module]] = dataclasses.field(default_factory=list)
     root: Any = None  # the outermost module on the traceback (the model), when known
+    wrapper: Any = None  # the DataParallel / DDP / FSDP wrapper around root, when it had one
     root_inputs: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # its inputs
 
     @property

@@ -146,7 +146,7 @@ def out_of_memory(f: Failure) -> str | None:
     held = max(kinds["activations"], (allocated or 0) - fixed)  # CUDA says what it held
     needed_activations = held + (tried or 0)
     room = usable - fixed
-    global_batch, job = _global_batch(root, batch)
+    global_batch, job = _global_batch(f.wrapper or root, batch)
     if room <= 0:
         return text + (f". Parameters, gradients and optimizer state alone ({size_text(fixed)}) "
                        f"fill the {size_text(usable)} this process can use: no batch fits; "
