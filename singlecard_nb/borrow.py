@@ -278,15 +278,19 @@ class Listeners:
 
     def add(self, listener: Callable) -> None:
         with uninterrupted(), self._lock:
-            if self._owner is None or not self._owner.active:
-                owner = Borrowed(self.name)
-                try:
-                    self.install(owner)
-                except BaseException:  # half made: given back, also on Ctrl-C
-                    owner.restore()
-                    raise
-                self._owner = owner
+            self._install_once()
             self.listeners = (*self.listeners, listener)
+
+    def _install_once(self) -> None:
+        """The patch made under a new owner if none holds it (the caller holds the lock)."""
+        if self._owner is None or not self._owner.active:
+            owner = Borrowed(self.name)
+            try:
+                self.install(owner)
+            except BaseException:  # half made: given back, also on Ctrl-C
+                owner.restore()
+                raise
+            self._owner = owner
 
     def discard(self, listener: Callable) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from ...borrow import Borrowed, uninterrupted, wrap_like
+from ...borrow import Borrowed, Listeners, uninterrupted, wrap_like
 from ..diagnostics import Diagnostics
 from ..targets import Target
 from .calls import CallTracker, StepMethod
@@ -92,7 +92,7 @@ def steps_running() -> int | None:
     return count
 
 
-class _OptimizerSteps:
+class _OptimizerSteps(Listeners):
     """One point before and one after each optimiser step for every inspector of the process
     that listens to steps, made when the first listener comes and given back when the last one
     goes.
@@ -112,28 +112,21 @@ class _OptimizerSteps:
     name = "inspect: optimizer step hooks"
 
     def __init__(self) -> None:
+        super().__init__()
         self.before: tuple[Callable, ...] = ()
         self.after: tuple[Callable, ...] = ()
-        self._owner: Borrowed | None = None
         self._lock = threading.RLock()
 
-    def add(self, before: Callable | None, after: Callable | None) -> None:
+    def add(self, before: Callable | None, after: Callable | None) -> None:  # type: ignore[override]
         """`before(optimizer)` before and `after(optimizer)` after each step (None: neither)."""
         with uninterrupted(), self._lock:
-            if self._owner is None or not self._owner.active:
-                owner = Borrowed(self.name)
-                try:
-                    self._install(owner)
-                except BaseException:  # half made: given back, also on Ctrl-C
-                    owner.restore()
-                    raise
-                self._owner = owner
+            self._install_once()
             if before is not None:
                 self.before = (*self.before, before)
             if after is not None:
                 self.after = (*self.after, after)
 
-    def discard(self, before: Callable | None, after: Callable | None) -> None:
+    def discard(self, before: Callable | None, after: Callable | None) -> None:  # type: ignore[override]
         with self._lock:
             self.before = tuple(fn for fn in self.before if fn is not before)
             self.after = tuple(fn for fn in self.after if fn is not after)
@@ -155,7 +148,7 @@ class _OptimizerSteps:
             owner, self._owner = self._owner, None
             owner.restore()
 
-    def _install(self, owner: Borrowed) -> None:
+    def install(self, owner: Borrowed) -> None:
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
