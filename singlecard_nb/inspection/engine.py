@@ -209,11 +209,9 @@ class Inspector(InspectorResults):
                 f"{self.steps_recorded} steps recorded, {self._store.row_count} rows>")
 
     def _first_grown(self) -> str | None:
-        from .causes import Tracks, first_grown
+        from .causes import first_grown
 
-        tracks = Tracks()
-        tracks.feed(self._store.snapshot())
-        return first_grown(tracks)
+        return first_grown(self._tracks())
 
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None

@@ -147,12 +147,18 @@ class InspectorResults:
     def findings(self, top: int | None = 10) -> list:
         """The ranked rows that show something, likeliest cause first (`causes/`): every
         recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
-        from .views.ranking import Tracks, findings
+        from .views.ranking import findings
 
         self._recorder.flush()
+        return findings(self._tracks(), top)
+
+    def _tracks(self):
+        """Every recorded series of the steps that reached the host (`causes.Tracks`)."""
+        from .causes import Tracks
+
         tracks = Tracks()
         tracks.feed(self._store.snapshot())
-        return findings(tracks, top)
+        return tracks
 
     def hist(self, modules=None, bins: int | None = None):
         """Histograms of activation values of `modules` (globs), computed on the device.
