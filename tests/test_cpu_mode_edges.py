@@ -38,6 +38,11 @@ def test_accelerates_notebook_launcher_of_two_runs_as_a_world_of_one_at_once():
     import os
     import threading
 
+    from accelerate.state import AcceleratorState
+
+    # a user's fresh kernel: no Accelerator made by an earlier test in this process (accelerate
+    # then refuses notebook_launcher before anything of ours runs)
+    AcceleratorState._reset_state(reset_partial_state=True)
     parallel.enable(CPU)
     ran: list = []
 
