@@ -156,10 +156,15 @@ def _notebook_cell(filename: str) -> str | None:
     """"In[5]" for code of a notebook cell, as IPython's own tracebacks name it (else None)."""
     if "IPython" not in sys.modules:  # never import IPython here: scripts and torchrun run without
         return None
-    shell = sys.modules["IPython"].get_ipython()
-    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
-    named = format_code_name(filename) if format_code_name is not None else None
-    return named[1] if named else None
+    compiler = getattr(sys.modules["IPython"].get_ipython(), "compile", None)
+    format_code_name = getattr(compiler, "format_code_name", None)
+    if format_code_name is not None:
+        named = format_code_name(filename)
+        return named[1] if named else None
+    # Early IPython 8 releases have no format_code_name; their tracebacks read this map
+    # (cell file -> execution count) instead.
+    number = getattr(compiler, "_filename_map", {}).get(filename)
+    return f"In[{number}]" if number is not None else None
 
 
 # --- naming modules ------------------------------------------------------------------------

@@ -241,13 +241,18 @@ def _explain_calls(exc: BaseException, raised: BaseException, calls: list[Call])
 
 
 def _traced_error(exc: BaseException) -> str:
-    """The error torch.compile's tracing met, from its message ("... got RuntimeError('...')"),
-    as " (RuntimeError: ...)"; "" when the message does not carry one."""
+    """The error torch.compile's tracing met, from its message, as " (RuntimeError: ...)";
+    "" when the message does not carry one. torch 2.7+ words it "... got RuntimeError('...')";
+    torch 2.6 puts the bare message on the line after "Failed running call_function ...:"."""
     match = re.search(r"got (\w+(?:Error|Exception))\((['\"])(.+?)\2\)", str(exc))
-    if match is None:
+    if match is not None:
+        kind, inner = f"{match[1]}: ", match[3]
+    elif (match := re.match(r"Failed running [^\n]*:\n([^\n]+)", str(exc))) is not None:
+        kind, inner = "", match[1]
+    else:
         return ""
-    inner = match[3] if len(match[3]) <= _MAX_MESSAGE else match[3][:_MAX_MESSAGE] + "…"
-    return f" ({match[1]}: {inner})"
+    inner = inner if len(inner) <= _MAX_MESSAGE else inner[:_MAX_MESSAGE] + "…"
+    return f" ({kind}{inner})"
 
 
 def _non_finite_error(exc: BaseException) -> NonFiniteError | None:

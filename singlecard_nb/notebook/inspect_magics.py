@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 import warnings
 from typing import Any
 
@@ -154,8 +156,7 @@ class InspectMagics(Magics):
         if last is not None:
             value = eval(shell.compile(last, filename, "eval"), shell.user_global_ns,
                          shell.user_ns)
-            quiet = getattr(shell.displayhook, "semicolon_at_end_of_expression", None)
-            if value is not None and not (quiet is not None and quiet(source)):
+            if value is not None and not _ends_in_semicolon(source):
                 shell.displayhook(value)
 
     def _show_summary(self, insp) -> None:
@@ -239,3 +240,17 @@ class InspectMagics(Magics):
         self._events = None
         self.finder = None
 
+
+def _ends_in_semicolon(source: str) -> bool:
+    """A cell whose last expression ends in `;` shows no value, as IPython's cells. Checked
+    here: early IPython 8 releases have no check of a given source (their displayhook.quiet
+    reads the history's last entry, which is this magic's line, not its cell)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    skipped = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    for token in reversed(tokens):
+        if token.type not in skipped:
+            return token.type == tokenize.OP and token.string == ";"
+    return False
