@@ -194,6 +194,13 @@ def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys
     line = _line("ranks_raise.py", "RAISE_LINE")
     assert message.startswith("rank 1 failed: ValueError: bad batch on rank 1: labels out of "
                               f"range at ranks_raise.py:{line}"), message
+    # the cause is rank 1's traceback; rank 0 was waiting for it, whether or not gloo had told
+    # it yet that its peer was gone
+    assert f'  File "{SCRIPTS / "ranks_raise.py"}", line {line}, in <module>' in message
+    wait = _line("ranks_raise.py", "WAIT_LINE")
+    assert f"  rank 0: stopped (waiting in all_reduce at ranks_raise.py:{wait} when rank 1 " \
+           "died)" in message.splitlines(), message
+    assert "Connection closed by peer [" not in message  # gloo's own words: no second failure
     err = capsys.readouterr().err
     assert "[rank 1] ValueError: bad batch on rank 1" in err  # its own traceback, under its rank
     assert f'[rank 1]   File "{SCRIPTS / "ranks_raise.py"}", line {line}' in err
@@ -277,3 +284,59 @@ def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
     losses = [re.search(rf"\[rank {k}\] val loss ([\d.]+)", captured.out) for k in range(2)]
     assert all(losses) and losses[0][1] != losses[1][1], captured.out
     _nothing_left(launched)
+
+
+# --- a rank that dies while the others wait: one failure, never two -----------------------------
+def _status(rank: int, where: str, collective: str | None, at: float, raised: dict | None = None):
+    status = {"rank": rank, "pid": 100 + rank, "progress": 3, "time": at, "where": where,
+              "function": "<module>", "collective": collective}
+    if raised is not None:
+        status["raised"] = raised
+    return status
+
+
+_FIRST = {"error": "ValueError: bad batch on rank 1", "at": 10.0, "where": "/j/train.py:15",
+          "function": "<module>", "collective": None,
+          "traceback": 'Traceback (most recent call last):\n  File "/j/train.py", line 15, in '
+                       '<module>\n    raise ValueError("bad batch on rank 1")\n'
+                       'ValueError: bad batch on rank 1'}
+_PEER_GONE = {"error": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                       "Connection closed by peer [127.0.0.1]:4242", "at": 10.2,
+              "where": "/j/train.py:17", "function": "<module>", "collective": "all_reduce"}
+
+
+@pytest.mark.parametrize("rank_0", ["still waiting", "failed too, its peer gone"])
+def test_a_rank_failing_because_its_peer_died_is_reported_stopped_not_as_a_second_failure(rank_0):
+    from singlecard_nb.ranks import doctor
+
+    waiting = _status(0, "/j/train.py:17", "all_reduce", 9.9)
+    if rank_0 != "still waiting":  # what the notebook reads depends on who it saw first
+        waiting = _status(0, "/j/cli.py:144", None, 10.3, _PEER_GONE)
+    statuses = {0: waiting, 1: _status(1, "/j/train.py:15", None, 10.0, _FIRST),
+                2: _status(2, "/j/train.py:17", "all_reduce", 9.9)}
+    codes = {0: 1 if rank_0 != "still waiting" else None, 1: 1, 2: None}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    lines = message.splitlines()
+    assert lines[0] == ("rank 1 failed: ValueError: bad batch on rank 1 at train.py:15; the "
+                        "other ranks were stopped.")
+    assert lines[1] == "The cause, rank 1's traceback (also above, under [rank 1]):"
+    assert lines[2:6] == ["  " + line for line in _FIRST["traceback"].splitlines()]
+    assert "  rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in lines
+    assert "  rank 2: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in lines
+    assert "rank 1 never arrived at the all_reduce that ranks 0, 2 wait in at train.py:17." in lines
+    assert "Connection closed by peer [127" not in message  # gloo's error is no second bug
+
+
+def test_a_rank_killed_without_a_word_is_the_first_failure_not_the_ranks_left_waiting():
+    from singlecard_nb.ranks import doctor
+
+    # rank 1 killed (out of memory): no traceback; rank 0 then fails in its all_reduce
+    statuses = {0: _status(0, "/j/cli.py:144", None, 10.3, _PEER_GONE),
+                1: _status(1, "/j/train.py:12", None, 9.8)}
+    codes = {0: 1, 1: -9}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert message.startswith("rank 1 failed: exit status -9; the other ranks were stopped.")
+    assert "Rank 1 ended without a Python traceback" in message
+    assert "rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in message
