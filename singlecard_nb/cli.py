@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         except (TypeError, ValueError) as e:
             p.error(str(e))
         if agent is not None and options.save:
-            agent.every_beat(_saving_as_it_goes(finder, options.save))
+            agent.every_beat(_saving_as_it_goes(finder, options.save, agent))
     status, started_in = 1, os.getpid()
     try:
         status = _run(script, options.module, rest, agent)
@@ -320,19 +320,30 @@ def _report(finder: Any) -> None:
         print("\n".join(lines), file=sys.stderr)
 
 
-def _saving_as_it_goes(finder: Any, path: str, seconds: float = 1.0) -> Any:
+def _saving_as_it_goes(finder: Any, path: str, agent: Any, seconds: float = 1.0) -> Any:
     """A rank's records saved every `seconds` while the script runs (a rank stopped because
-    another failed or hung has no exit to save at); returns {"records": {model: steps}}."""
+    another failed or hung has no exit to save at); returns {"records": {model: steps},
+    "latest": {model: its latest steps}} (the notebook's side-by-side view reads them)."""
     import time
 
+    from .inspection.views.latest import Latest
+
     last = [0.0]
+    latest: dict[str, Latest] = {}
 
     def save() -> dict[str, Any]:
         found = finder.inspectors
-        if found and time.monotonic() - last[0] >= seconds:
+        said: dict[str, Any] = {"records": {name: insp.steps_recorded
+                                            for name, insp in found.items()}}
+        if found and (agent.stopping or time.monotonic() - last[0] >= seconds):
             last[0] = time.monotonic()
-            _save(finder, path, quiet=True)
-        return {"records": {name: insp.steps_recorded for name, insp in found.items()}}
+            if not agent.stopping:  # at the end the script's exit saves them (main())
+                _save(finder, path, quiet=True)
+            # read when the save has brought the steps to the host anyway: no extra flush
+            for name, insp in found.items():
+                latest.setdefault(name, Latest(insp))
+            said["latest"] = {name: view.snapshot() for name, view in latest.items()}
+        return said
 
     return save
 

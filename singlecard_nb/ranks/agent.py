@@ -100,6 +100,7 @@ class Agent:
         self._extra: dict[str, Any] = {}
         self._periodic: list[Callable[[], dict[str, Any] | None]] = []
         self._lock = threading.Lock()
+        self.stopping = False
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
@@ -143,6 +144,7 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout=2 * INTERVAL)
         self._extra["exit"] = status
+        self.stopping = True  # the last beat: a periodic fn says its last word now
         self._beat()
 
     # --- the thread -------------------------------------------------------------------------
