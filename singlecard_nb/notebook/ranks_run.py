@@ -246,7 +246,8 @@ class _Progress:
 
 class _SideBySide(_Progress):
     """Under `%inspect all --live`: the ranks side by side, module by module, ranked by where
-    they disagree, one output updated in place (at most twice a second: the ranks' pace)."""
+    they disagree, one output updated in place: looked at twice a second, redrawn when a rank
+    sent something new (each sends once a second)."""
 
     def __init__(self, ranks: int):
         from ..inspection.runs.side_by_side import SideBySide
