@@ -1,9 +1,11 @@
 """`%singlecard cpu --ranks N`: `%run` runs the script as N real ranks of a gloo world.
 
 The jobs are scripts in the shape of real ones (tests/scripts/ranks_*.py): a rank-0-only
-parameter change found by compare_ranks(), an extra all_reduce on rank 0 found by the hang
-doctor, a rank that raises, an NCCL job on a described GPU pin. After every run, also a failed,
-hung or interrupted one, no rank process, no listening port and no rank command line is left.
+parameter change shown first by the live side-by-side view and found by compare_ranks() (one
+shared run), an extra all_reduce on rank 0 found by the hang doctor, a rank that raises (and the
+ranks it leaves waiting, described the same whoever the notebook saw first), an NCCL job on a
+described GPU pin. After every run, also a failed, hung or interrupted one, no rank process, no
+listening port and no rank command line is left.
 """
 
 from __future__ import annotations
