@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .kernel.stats import VALUES
+from .kernel.values import VALUES
 from .recording.store import StepRecord, to_frame
 from .targets import globs, track_histograms
 from .views.summary import Summary
