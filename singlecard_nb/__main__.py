@@ -1,4 +1,4 @@
-"""`python -m singlecard_nb [options] script.py args`: see singlecard_nb/cli.py."""
+"""`python -m singlecard_nb [options] script.py args`: see singlecard_nb/cli/."""
 
 import sys
 

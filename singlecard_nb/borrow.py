@@ -14,7 +14,9 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, TypeVar
 
@@ -186,6 +188,19 @@ class Borrowed:
             self.on_restore(handle.remove, label)
         return handle
 
+    def after_import(self, name: str, then: Callable[[Any], None], label: str) -> None:
+        """`then(module)` for module `name`: now if it is imported, else just after it first
+        runs (a finder on `sys.meta_path`, owned here: gone once it ran, or on restore). So a
+        patch of a module that costs a second to import is made only where it is imported."""
+        module = sys.modules.get(name)
+        if module is not None:
+            then(module)
+            return
+        finder = _AfterImport(name, then, label)
+        with uninterrupted():
+            sys.meta_path.insert(0, finder)
+            self.on_restore(finder.remove, f"{label} (waiting for `import {name}`)")
+
     def on_restore(self, undo: Callable[[], None], label: str) -> None:
         """Run `undo()` when this owner is restored (after later changes are undone)."""
         with _lock:
@@ -298,6 +313,59 @@ class Listeners:
             if not self.listeners and not self.keep and self._owner is not None:
                 owner, self._owner = self._owner, None
                 owner.restore()
+
+
+class _AfterImport:
+    """A `sys.meta_path` finder that lets the others find module `name` and runs `then` on
+    the module once its code has run; it takes itself off the path the first time."""
+
+    def __init__(self, name: str, then: Callable[[Any], None], label: str):
+        self.name, self.then, self.label = name, then, label
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        self.remove()
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenLoader(spec.loader, self.then, self.label)
+        return spec
+
+
+class _ThenLoader:
+    """The real loader, and `then(module)` after it ran the module; the module keeps the real
+    loader as its `__loader__`."""
+
+    def __init__(self, loader: Any, then: Callable[[Any], None], label: str):
+        self._loader, self._then, self._label = loader, then, label
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            self._then(module)
+        except Exception as e:  # the user's import goes on; what we could not do is said
+            warnings.warn(f"singlecard_nb: {self._label} could not be made when "
+                          f"{module.__name__} was imported: {type(e).__name__}: {e}",
+                          RuntimeWarning, stacklevel=2)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 def wrap_like(original: Callable, replacement: Callable) -> Callable:

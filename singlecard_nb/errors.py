@@ -47,7 +47,7 @@ class NonFiniteError(RuntimeError):
         )
 
 
-# Where the trap's message says the rows are: the terminal form (cli.py) says its --save file.
+# Where the trap's message says the rows are: the terminal form (cli/at_exit.py) says its --save file.
 rows_hint = "Rows recorded so far are in insp.frame()."
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from singlecard_nb.parallel import cuda_on_cpu, groups, remap
+from singlecard_nb.parallel import cpu_memory, groups, remap
 from singlecard_nb.parallel import single_card as parallel
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -76,8 +76,8 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
     objects.update({f"Tensor.{n}": _own(torch.Tensor, n) for n in remap.TENSOR_FACTORIES})
     if cpu:
         names = ("synchronize", "manual_seed", "manual_seed_all", "memory_stats",
-                 "memory_summary", "mem_get_info", *cuda_on_cpu._ZERO_COUNTERS,
-                 *cuda_on_cpu._RESETS, "Event", "Stream", "current_stream", "default_stream",
+                 "memory_summary", "mem_get_info", *cpu_memory.ZERO_COUNTERS,
+                 *cpu_memory.RESETS, "Event", "Stream", "current_stream", "default_stream",
                  "stream", "set_stream", "get_rng_state", "set_rng_state", "get_rng_state_all",
                  "set_rng_state_all", "seed", "seed_all", "initial_seed", "current_device",
                  "get_device_name", "_lazy_init")

@@ -167,3 +167,29 @@ def test_an_item_set_twice_is_given_back_in_either_order():
     table["new"] = 2  # someone else's since: theirs, kept
     added.restore()
     assert table["new"] == 2
+
+
+def test_after_import_runs_once_the_module_is_imported_and_leaves_nothing(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "p33_late.py").write_text("VALUE = 1\n")
+    (tmp_path / "p33_never.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    finders = list(sys.meta_path)
+    owner = borrow.Borrowed("test")
+    owner.after_import("p33_late", lambda module: owner.set_attr(module, "VALUE", 2), "late")
+    owner.after_import("p33_never", seen.append, "never")
+    assert seen == [] and "p33_late" not in sys.modules  # nothing imported to patch it
+    import p33_late
+
+    assert p33_late.VALUE == 2 and type(p33_late.__loader__).__name__ == "SourceFileLoader"
+    owner.after_import("p33_late", seen.append, "already imported")  # imported: at once
+    assert seen == [p33_late]
+    owner.restore()
+    assert p33_late.VALUE == 1 and sys.meta_path == finders  # the finder left with its owner
+    import p33_never  # noqa: F401  (after restore: nothing runs)
+
+    assert seen == [p33_late]
+    for name in ("p33_late", "p33_never"):
+        sys.modules.pop(name)

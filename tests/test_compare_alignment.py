@@ -1,5 +1,5 @@
 """compare()'s parts: the alignment is a function whose table a Comparison receives, the statuses
-are named constants, and every figure comes from the one helper in plots."""
+are named constants, and every figure comes from the one helper in figures."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection.runs import alignment, compare, comparison  # noqa: E402
+from singlecard_nb.inspection.runs import alignment, compare, comparison, structure  # noqa: E402
 from singlecard_nb.inspection.runs.alignment import (  # noqa: E402
     COMPARED,
     ONLY_IN_A,
@@ -26,7 +26,7 @@ from singlecard_nb.inspection.runs.alignment import (  # noqa: E402
     align,
 )
 from singlecard_nb.inspection.runs.comparison import Comparison  # noqa: E402
-from singlecard_nb.inspection.views import histograms, plots  # noqa: E402
+from singlecard_nb.inspection.views import figures, heatmap, histograms  # noqa: E402
 
 
 def records(rows: list[tuple], rank: int | None = None) -> pd.DataFrame:
@@ -72,18 +72,18 @@ def test_the_alignment_is_computed_by_a_function_and_received_by_the_comparison(
 
 def test_every_figure_is_made_by_the_one_helper(monkeypatch):
     made = []
-    original = plots.new_figure
+    original = figures.new_figure
 
     def counting(*args, **kwargs):
         made.append(args)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(plots, "new_figure", counting)
+    monkeypatch.setattr(figures, "new_figure", counting)
     assert isinstance(scn.compare(A, B).plot(), Figure)  # the divergence plot (compare_plot)
     assert isinstance(scn.compare(A, records([(5, "x", "output", 0.0, (1,))])).plot(), Figure)
     assert isinstance(scn.compare_ranks(A).plot(), Figure)  # one rank: a message figure
 
-    class Recorded:  # what plots reads of an Inspector
+    class Recorded:  # what the figures read of an Inspector
         def histograms(self, steps=False):
             one = (np.ones(4), np.linspace(0.0, 1.0, 5))
             return {"fc": [(0, *one)]} if steps else {"fc": one}
@@ -95,7 +95,7 @@ def test_every_figure_is_made_by_the_one_helper(monkeypatch):
             return records([(0, "fc", "output", 0.0, (4,))]).assign(nan=0, inf=0)
 
     assert isinstance(histograms.histograms(Recorded()), Figure)
-    assert isinstance(plots.heatmap(Recorded()), Figure)  # nothing recorded: a message figure
+    assert isinstance(heatmap.heatmap(Recorded()), Figure)  # nothing recorded: a message figure
     assert len(made) == 5 and made[3][:2] == (4.5, 2.6)  # the histograms: one module, one step
-    for module in (compare, comparison, alignment):
+    for module in (compare, comparison, structure, alignment):
         assert "matplotlib" not in inspect.getsource(module), module.__name__

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from singlecard_nb.inspection.kernel import native, stats
+from singlecard_nb.inspection.kernel import native, reductions, values
 
 KERNEL_DIR = Path(native.__file__).parent
 
@@ -30,7 +30,7 @@ def _define(source: str, name: str) -> float:
 
 
 def test_the_cancellation_limit_is_the_same_in_c_and_python():
-    assert _define("onepass.c", "CANCELLATION_LIMIT") == stats.CANCELLATION_LIMIT
+    assert _define("onepass.c", "CANCELLATION_LIMIT") == reductions.CANCELLATION_LIMIT
 
 
 def test_the_gil_release_size_is_the_same_for_both_builds():
@@ -42,15 +42,15 @@ def test_the_kernel_writes_the_raw_row_in_the_order_python_reads_it():
     if not native.wait(timeout=180):
         pytest.skip(f"the one-pass kernel could not be built here: {native.status()}")
     x = torch.tensor([0.0, 0.0, 1.0, 2.0, 5.0])
-    out = (ctypes.c_double * len(stats.RAW))()
+    out = (ctypes.c_double * len(reductions.RAW))()
     native.kernels()[torch.float32](x.data_ptr(), x.numel(), False, ctypes.addressof(out))
-    row = dict(zip(stats.RAW, out))
+    row = dict(zip(reductions.RAW, out))
     mean = float(x.mean())
     # the kernel's documented row: the shift is the mean, so s1 (sum of x - shift) is 0
     assert row["min"] == 0.0 and row["max"] == 5.0
     assert row["shift"] == pytest.approx(mean) and row["s1"] == pytest.approx(0.0, abs=1e-6)
     assert row["s2"] == pytest.approx(float(((x - mean) ** 2).sum()))
     assert (row["nan"], row["inf"], row["nonzero"]) == (0.0, 0.0, 3.0)
-    values = dict(zip(stats.VALUES, stats.finish(np.array([list(out)]), np.array([5.0]))[0]))
-    assert values["std"] == pytest.approx(float(x.std()))
-    assert values["zeros"] == pytest.approx(0.4)
+    got = dict(zip(values.VALUES, values.finish(np.array([list(out)]), np.array([5.0]))[0]))
+    assert got["std"] == pytest.approx(float(x.std()))
+    assert got["zeros"] == pytest.approx(0.4)

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.modules import module as module_globals
 
 import singlecard_nb as scn
-from singlecard_nb.sizing.ledger import FakeStep
+from singlecard_nb.sizing.step import FakeStep
 
 
 def _mlp() -> nn.Module:

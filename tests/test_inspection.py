@@ -22,6 +22,7 @@ from torch.nn.modules import module as module_globals
 import singlecard_nb as scn
 from singlecard_nb.inspection.engine import COLUMNS
 from singlecard_nb.inspection.kernel import reductions, stats
+from singlecard_nb.inspection.kernel.values import finish
 
 
 def hooks_left(model: nn.Module) -> int:
@@ -511,7 +512,7 @@ def test_accelerator_formulas_agree_with_the_cpu_path():
     n = np.array([x.numel()])
 
     def values(raw):
-        return stats.finish(np.array([raw], dtype=np.float64), n)[0].tolist()
+        return finish(np.array([raw], dtype=np.float64), n)[0].tolist()
 
     on_device = values(step._reduce_on_device(x, x.numel()).tolist())
     on_cpu = values(reductions.reduce_cpu(x, x.numel(), exact_std=False))

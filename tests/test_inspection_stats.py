@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection.kernel import native, stats
+from singlecard_nb.inspection.kernel import native, readable, stats
+from singlecard_nb.inspection.kernel.values import VALUES, finish
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def taken(x: torch.Tensor, **kwargs) -> list[float]:
 
 
 def assert_close(got: list[float], want: list[float], rel: float = 1e-6) -> None:
-    names = stats.VALUES
+    names = VALUES
     for name, g, w in zip(names, got, want):
         if math.isnan(w):
             assert math.isnan(g), f"{name}: {g} instead of NaN"
@@ -91,7 +92,7 @@ def test_any_memory_layout(path, layout):
          "transposed": base.transpose(1, 3),
          "sliced": base[:, :, ::2],
          "expanded": base[:1].expand(4, -1, -1, -1)}[layout]
-    assert stats._one_block(x) == (layout in ("channels_last", "transposed"))
+    assert readable.one_block(x) == (layout in ("channels_last", "transposed"))
     assert_close(taken(x), reference(x), rel=1e-5)
 
 
@@ -178,7 +179,7 @@ def test_both_paths_agree_with_float64_on_random_values(kernels, data, repeat):
     x = torch.tensor(data * repeat, dtype=torch.float32)
     want = reference(x)
     for got in (taken(x), taken(x, kernels={})):
-        for name, g, w in zip(stats.VALUES, got, want):
+        for name, g, w in zip(VALUES, got, want):
             if math.isnan(w):
                 assert math.isnan(g), name
             else:
@@ -211,7 +212,7 @@ def test_kernel_is_safe_from_several_threads(kernels):
 def test_finish_turns_raw_rows_into_values():
     raw = np.array([[1.0, 5.0, 3.0, 0.0, 8.0, 0, 0, 3],  # mean 3, centred squares 8 over n=3
                     [2.0, 2.0, 1.9, 0.3, 0.01, 0, 0, 4]])  # constant: exactly 2 and 0
-    got = stats.finish(raw, np.array([3, 4]))
+    got = finish(raw, np.array([3, 4]))
     assert got[0].tolist() == [3.0, 2.0, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0]
     assert got[1].tolist() == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
 

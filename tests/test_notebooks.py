@@ -98,8 +98,15 @@ def test_ranks_notebook_finds_the_desync_and_the_hang():
     assert all(f"[rank {k}] val loss" in text for k in range(3))
     assert "'Sequential[rank 0]', 'Sequential[rank 1]', 'Sequential[rank 2]'" in plain
     assert "rank 0 is the odd one (ranks 1, 2 agree with each other)" in plain
+    # --live: one output of the ranks side by side, its last state kept, the changed weight first
+    live = [o["data"] for _, o in _outputs(report.nb)
+            if "ranks side by side" in "".join(o.get("data", {}).get("text/plain", ""))]
+    assert len(live) == 1, live
+    lines = "".join(live[0]["text/plain"]).splitlines()
+    assert lines[0].endswith("· finished") and lines[2].split()[1:3] == ["2.weight", "[param]"]
+    assert "<th colspan='3' class='scn-rank'>rank 2</th>" in "".join(live[0]["text/html"])
     # the hang: stopped, with the line of the extra all_reduce and the ranks that never came
     assert [e.split(": ", 1)[1].split(" s,")[0] for e in report.expected_errors] == [
-        "RanksHang: no rank made progress for 5"]
+        "RanksHang: no rank made progress for 3"]
     assert "rank 0: waits in all_reduce at ranks_hang.py:20" in report.expected_errors[0]
     assert "ranks 1, 2 never arrived at the all_reduce" in report.expected_errors[0]

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import nn  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection.views import histograms, plots  # noqa: E402
+from singlecard_nb.inspection.views import heatmap, histograms  # noqa: E402
 
 
 class Skipper(nn.Module):
@@ -78,8 +78,8 @@ def test_heatmap_of_other_statistics_and_log_scale_for_wide_ranges():
     with scn.inspect(model) as insp:
         for _ in range(3):
             model(torch.randn(2, 4))
-    assert isinstance(_images(plots.heatmap(insp, "absmax"))[0].norm, LogNorm)
-    std_fig = plots.heatmap(insp, "mean")
+    assert isinstance(_images(heatmap.heatmap(insp, "absmax"))[0].norm, LogNorm)
+    std_fig = heatmap.heatmap(insp, "mean")
     assert not isinstance(_images(std_fig)[0].norm, LogNorm)  # mean can be negative
     assert "mean of module outputs" in std_fig.axes[0].get_title()
 
@@ -87,7 +87,7 @@ def test_heatmap_of_other_statistics_and_log_scale_for_wide_ranges():
 def test_heatmap_before_any_step_says_so():
     insp = scn.inspect(nn.Linear(2, 2))
     insp.stop()
-    fig = plots.heatmap(insp)
+    fig = heatmap.heatmap(insp)
     assert "no output 'absmax' recorded yet" in fig.axes[0].texts[0].get_text()
 
 

@@ -1,9 +1,11 @@
 """`%singlecard cpu --ranks N`: `%run` runs the script as N real ranks of a gloo world.
 
 The jobs are scripts in the shape of real ones (tests/scripts/ranks_*.py): a rank-0-only
-parameter change found by compare_ranks(), an extra all_reduce on rank 0 found by the hang
-doctor, a rank that raises, an NCCL job on a described GPU pin. After every run, also a failed,
-hung or interrupted one, no rank process, no listening port and no rank command line is left.
+parameter change shown first by the live side-by-side view and found by compare_ranks() (one
+shared run), an extra all_reduce on rank 0 found by the hang doctor, a rank that raises (and the
+ranks it leaves waiting, described the same whoever the notebook saw first), an NCCL job on a
+described GPU pin. After every run, also a failed, hung or interrupted one, no rank process, no
+listening port and no rank command line is left.
 """
 
 from __future__ import annotations
@@ -149,36 +151,142 @@ def test_nccl_on_a_described_gpu_pin_becomes_gloo_said_once(ip, launched, monkey
 
 
 # --- real jobs ----------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_a_rank_0_only_parameter_change_is_found_by_compare_ranks(ip, launched, capsys):
-    import singlecard_nb as scn
+class _Handle:
+    """What IPython's display returns with display_id=True: every state drawn is kept."""
 
-    ip.run_cell("%singlecard cpu --ranks 3")
-    ip.run_cell("%inspect all --params")
-    result = ip.run_cell(f"%run {JOBS / 'ranks_desync.py'} 2")
-    assert result.error_in_exec is None
-    out = capsys.readouterr().out
+    def __init__(self, drawn: list):
+        self.drawn = drawn
+
+    def update(self, bundle, raw=False):
+        self.drawn.append(bundle)
+
+
+DESYNC_STEPS = 150  # long enough for the live view to be drawn several times while it runs
+
+
+@pytest.fixture(scope="module")
+def desync_run():
+    """One 3-rank run of the rank-0-only parameter change under `%inspect all --params --live`,
+    shared by the tests that read what it showed and left (a run costs 3 torch start-ups)."""
+    import contextlib
+    import io
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import singlecard_nb as scn
+    from singlecard_nb.notebook import ranks_run
+
+    drawn, displays, plans = [], [], []
+    original = launch.plan
+
+    def plan(*args, **kwargs):
+        plans.append(original(*args, **kwargs))
+        return plans[-1]
+
+    def display(bundle, raw=False, display_id=False):
+        displays.append(bundle)
+        drawn.append(bundle)
+        return _Handle(drawn)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+            mp.delenv(name, raising=False)
+        mp.setattr(launch, "plan", plan)
+        mp.setattr(ranks_run, "display", display)
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "singlecard_nb")
+        out = io.StringIO()
+        try:
+            shell.run_cell("%singlecard cpu --ranks 3")
+            shell.run_cell("%inspect all --params --live")
+            with contextlib.redirect_stdout(out):
+                result = shell.run_cell(f"%run {JOBS / 'ranks_desync.py'} {DESYNC_STEPS}")
+            found = {"error": result.error_in_exec, "out": out.getvalue(), "drawn": drawn,
+                     "displays": displays, "plans": plans,
+                     "inspectors": list(scn.inspectors()), "comparison": scn.compare_ranks()}
+        finally:
+            shell.run_line_magic("unload_ext", "singlecard_nb")
+    return found
+
+
+@pytest.mark.slow
+def test_a_rank_0_only_parameter_change_is_found_by_compare_ranks(desync_run):
+    assert desync_run["error"] is None
+    out = desync_run["out"]
     losses = {k: re.search(rf"\[rank {k}\] val loss ([\d.]+)", out) for k in range(3)}
     assert all(losses.values()), out
     assert losses[0][1] != losses[1][1] == losses[2][1]  # rank 0's model went its own way
-    assert list(scn.inspectors()) == [f"Sequential[rank {k}]" for k in range(3)]
-    comparison = scn.compare_ranks()  # no argument: the last run's ranks
+    assert desync_run["inspectors"] == [f"Sequential[rank {k}]" for k in range(3)]
+    comparison = desync_run["comparison"]  # compare_ranks() with no argument: the last run's
     assert comparison.odd == 0
     assert repr(comparison).startswith("rank 0 is the odd one (ranks 1, 2 agree with each other)"), repr(comparison)
     assert "'2' (Linear) param weight" in repr(comparison)
-    _nothing_left(launched)
+    _nothing_left(desync_run["plans"])
+
+
+@pytest.mark.slow
+def test_the_live_view_shows_the_ranks_side_by_side_while_they_run(desync_run):
+    drawn = desync_run["drawn"]
+    assert len(desync_run["displays"]) == 1, "one output, updated in place"
+    running = [b for b in drawn if b["text/plain"].splitlines()[0].endswith("· running")]
+    assert len(running) >= 3, [b["text/plain"].splitlines()[0] for b in drawn]  # drawn, updated twice
+    last = drawn[-1]
+    text, page = last["text/plain"].splitlines(), last["text/html"]
+    assert text[0].startswith("ranks side by side · 3 ranks · rank 0 step "
+                              f"{DESYNC_STEPS} · rank 1 step {DESYNC_STEPS} · rank 2 step")
+    assert text[0].endswith("· finished")
+    assert all(f"rank {k}:" in text[1] for k in range(3))  # a group of columns per rank
+    assert [page.count(f"<th colspan='3' class='scn-rank'>rank {k}</th>") for k in range(3)] == [1] * 3
+    # the parameter rank 0 changed ranks first: DDP keeps it equal, and rank 0's is not
+    assert text[2].split()[1:3] == ["2.weight", "[param]"], "\n".join(text[:5])
+    assert re.search(r"DDP keeps it equal on every rank: rank 0's absmax differs by \d", text[2])
+    assert text[-1].endswith("|       -  equal on every rank")  # an equal row says so, no figure
+    assert page.index("2.weight [param]") < page.index("0.weight [param]")
+    # the same rows in both forms: 4 outputs, and 4 parameters' value, gradient and update
+    rows = [line.split()[1:3] for line in text[2:]]
+    drawn_rows = re.findall(r"<tr class='scn-t\d'><td class='n'>\d+</td><td>([^<]*)</td>", page)
+    assert len(rows) == 16 == len(drawn_rows)
+    assert [name.split()[:2] for name in drawn_rows] == [
+        words if words[1].startswith("[") else words[:1] for words in rows]
+
+
+def _snapshot(values: dict[str, float], step: int = 3) -> dict:
+    """What a rank's agent sends (views/latest.py): per series its last steps, by name."""
+    return {"step": step, "left_out": 0, "series": [
+        {"io": "output", "path": path, "type": "Linear", "entries": [
+            {"step": step, "absmax": v, "mean": v / 2, "std": 1.0, "nan": 0, "inf": 0}]}
+        for path, v in values.items()]}
+
+
+def test_the_side_by_side_view_is_bounded_and_ranks_the_widest_disagreement_first():
+    from singlecard_nb.inspection.runs.side_by_side import SideBySide
+
+    view = SideBySide(2)
+    same = {f"h.{i}.mlp": 1.0 + i for i in range(50)}
+    view.feed({0: {"latest": {"GPT": _snapshot(same)}},
+               1: {"latest": {"GPT": _snapshot({**same, "h.7.mlp": 80.0, "h.3.mlp": 8.0})}}})
+    text = view.text("running").splitlines()
+    assert [line.split()[1] for line in text[2:4]] == ["h.7.mlp", "h.3.mlp"]
+    assert len(text) == 2 + 20 + 1 and text[-1] == "  … 30 more rows"
+    assert view.html("running").count("<tr class='scn-t") == 20
+    assert "… 30 more rows" in view.html("running")
+    # a rank a step behind: compared at the step both have, not yet
+    view.feed({1: {"latest": {"GPT": _snapshot(same, step=4)}}})
+    assert view.text("running").splitlines()[2].endswith("the ranks are at other steps")
 
 
 @pytest.mark.slow
 def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
-    ip.run_cell("%singlecard cpu --ranks 3 --hang-after 3")
+    # two ranks show it as well as three (the notebook shows three), at two thirds of the cost
+    ip.run_cell("%singlecard cpu --ranks 2 --hang-after 3")
     started = time.monotonic()
     result = ip.run_cell(f"%run {JOBS / 'ranks_hang.py'}")
     assert isinstance(result.error_in_exec, RanksHang)
     message = str(result.error_in_exec)
     line = _line("ranks_hang.py", "HANG_LINE")
     assert f"rank 0: waits in all_reduce at ranks_hang.py:{line}" in message, message
-    assert f"ranks 1, 2 never arrived at the all_reduce that rank 0 waits in at " \
+    assert f"rank 1 never arrived at the all_reduce that rank 0 waits in at " \
            f"ranks_hang.py:{line}" in message
     assert "no rank made progress for 3 s" in message
     assert time.monotonic() - started < 60
@@ -194,6 +302,13 @@ def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys
     line = _line("ranks_raise.py", "RAISE_LINE")
     assert message.startswith("rank 1 failed: ValueError: bad batch on rank 1: labels out of "
                               f"range at ranks_raise.py:{line}"), message
+    # the cause is rank 1's traceback; rank 0 was waiting for it, whether or not gloo had told
+    # it yet that its peer was gone
+    assert f'  File "{SCRIPTS / "ranks_raise.py"}", line {line}, in <module>' in message
+    wait = _line("ranks_raise.py", "WAIT_LINE")
+    assert f"  rank 0: stopped (waiting in all_reduce at ranks_raise.py:{wait} when rank 1 " \
+           "died)" in message.splitlines(), message
+    assert "Connection closed by peer [" not in message  # gloo's own words: no second failure
     err = capsys.readouterr().err
     assert "[rank 1] ValueError: bad batch on rank 1" in err  # its own traceback, under its rank
     assert f'[rank 1]   File "{SCRIPTS / "ranks_raise.py"}", line {line}' in err
@@ -277,3 +392,76 @@ def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
     losses = [re.search(rf"\[rank {k}\] val loss ([\d.]+)", captured.out) for k in range(2)]
     assert all(losses) and losses[0][1] != losses[1][1], captured.out
     _nothing_left(launched)
+
+
+def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(monkeypatch):
+    from singlecard_nb.notebook import ranks_run
+
+    drawn = []
+
+    def display(bundle, raw=False, display_id=False):
+        drawn.append(bundle)
+        return _Handle(drawn)
+
+    monkeypatch.setattr(ranks_run, "display", display)
+    view = ranks_run._SideBySide(2)
+    broken = {0: {"latest": {"GPT": {"series": [{"io": "output"}]}}}}  # a snapshot cut short
+    view.update(broken)  # raises nothing: the job's watch loop would stop every rank
+    view.update(broken, "finished")
+    assert len(drawn) == 1 and "ranks side by side: the view failed (KeyError" in \
+        drawn[0]["text/plain"]
+
+# --- a rank that dies while the others wait: one failure, never two -----------------------------
+def _status(rank: int, where: str, collective: str | None, at: float, raised: dict | None = None):
+    status = {"rank": rank, "pid": 100 + rank, "progress": 3, "time": at, "where": where,
+              "function": "<module>", "collective": collective}
+    if raised is not None:
+        status["raised"] = raised
+    return status
+
+
+_FIRST = {"error": "ValueError: bad batch on rank 1", "at": 10.0, "where": "/j/train.py:15",
+          "function": "<module>", "collective": None,
+          "traceback": 'Traceback (most recent call last):\n  File "/j/train.py", line 15, in '
+                       '<module>\n    raise ValueError("bad batch on rank 1")\n'
+                       'ValueError: bad batch on rank 1'}
+_PEER_GONE = {"error": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                       "Connection closed by peer [127.0.0.1]:4242", "at": 10.2,
+              "where": "/j/train.py:17", "function": "<module>", "collective": "all_reduce"}
+
+
+@pytest.mark.parametrize("rank_0", ["still waiting", "failed too, its peer gone"])
+def test_a_rank_failing_because_its_peer_died_is_reported_stopped_not_as_a_second_failure(rank_0):
+    from singlecard_nb.ranks import doctor
+
+    waiting = _status(0, "/j/train.py:17", "all_reduce", 9.9)
+    if rank_0 != "still waiting":  # what the notebook reads depends on who it saw first
+        waiting = _status(0, "/j/cli.py:144", None, 10.3, _PEER_GONE)
+    statuses = {0: waiting, 1: _status(1, "/j/train.py:15", None, 10.0, _FIRST),
+                2: _status(2, "/j/train.py:17", "all_reduce", 9.9)}
+    codes = {0: 1 if rank_0 != "still waiting" else None, 1: 1, 2: None}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    lines = message.splitlines()
+    assert lines[0] == ("rank 1 failed: ValueError: bad batch on rank 1 at train.py:15; the "
+                        "other ranks were stopped.")
+    assert lines[1] == "The cause, rank 1's traceback (also above, under [rank 1]):"
+    assert lines[2:6] == ["  " + line for line in _FIRST["traceback"].splitlines()]
+    assert "  rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in lines
+    assert "  rank 2: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in lines
+    assert "rank 1 never arrived at the all_reduce that ranks 0, 2 wait in at train.py:17." in lines
+    assert "Connection closed by peer [127" not in message  # gloo's error is no second bug
+
+
+def test_a_rank_killed_without_a_word_is_the_first_failure_not_the_ranks_left_waiting():
+    from singlecard_nb.ranks import doctor
+
+    # rank 1 killed (out of memory): no traceback; rank 0 then fails in its all_reduce
+    statuses = {0: _status(0, "/j/cli.py:144", None, 10.3, _PEER_GONE),
+                1: _status(1, "/j/train.py:12", None, 9.8)}
+    codes = {0: 1, 1: -9}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert message.startswith("rank 1 failed: exit status -9; the other ranks were stopped.")
+    assert "Rank 1 ended without a Python traceback" in message
+    assert "rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in message

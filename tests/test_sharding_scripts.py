@@ -4,6 +4,7 @@ what a described GPU machine decides without a GPU."""
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
@@ -18,6 +19,7 @@ from singlecard_nb.parallel import fsdp, groups, mesh
 from singlecard_nb.parallel import single_card as parallel
 
 SCRIPTS = Path(__file__).with_name("scripts")
+ROOT = Path(__file__).resolve().parent.parent
 FORMS = ("local_rank", "current_device", "device", "none")
 OPTIONS = "mixed,offload,sync,orig"  # mixed precision, CPU offload, sync_module_states, orig params
 pytestmark = pytest.mark.usefixtures("clean_state")
@@ -191,6 +193,28 @@ def test_on_a_gpu_pin_the_scripts_run_with_the_real_fsdp_and_a_cuda_mesh(tmp_pat
     guard, _, _ = out["guard"][0]
     assert "Unable to locate sufficient 2 gpus" in guard  # one card counted as one
     assert changed == []
+
+
+def test_a_pin_leaves_fsdp_unimported_and_patches_it_when_the_script_imports_it():
+    """torch.distributed.fsdp costs a third of torch's import: a pin (and each rank of
+    --ranks N) imports it only when the script does, and FSDP1 is single-card's then too."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, singlecard_nb as scn\n"
+        "scn.pin('cpu')\n"
+        "assert 'torch.distributed.fsdp' not in sys.modules, 'imported by the pin'\n"
+        "from torch import nn\n"
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+        "model = FSDP(nn.Linear(4, 4))  # refused on the CPU unless single-card's device_id\n"
+        "print('params on', next(model.parameters()).device)\n"
+        "scn.release()\n"
+        "assert not hasattr(FSDP.__init__, '__wrapped__'), 'not given back'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "params on cpu" in done.stdout
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads the process's sockets")

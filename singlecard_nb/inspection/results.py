@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .kernel.stats import VALUES
+from .kernel.values import VALUES
 from .recording.store import StepRecord, to_frame
 from .targets import globs, track_histograms
 from .views.summary import Summary
@@ -137,10 +137,10 @@ class InspectorResults:
              top: int = 40, io: str = "output"):
         """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
         marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
-        first step. top: rows shown, those the ranking puts first (see `plots.heatmap`).
+        first step. top: rows shown, those the ranking puts first (see `views.heatmap`).
         io: "output", "input", "grad"; per parameter "param", "param_grad", "step_grad",
         "update" (params=True / grads=True)."""
-        from .views.plots import heatmap
+        from .views.heatmap import heatmap
 
         return heatmap(self, stat, io, training=training, relative=relative, top=top)
 

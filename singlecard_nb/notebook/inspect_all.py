@@ -54,6 +54,7 @@ def inspect_all_line(magics: Any, args: Any) -> None:
     if finder is not None:
         finder.stop()
     magics.finder = new.start()
+    magics.finder_live = bool(args.live)
     _clean_runs(magics, new)
     magics.start_flushing()
     return None

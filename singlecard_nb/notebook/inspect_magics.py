@@ -54,6 +54,7 @@ class InspectMagics(Magics):
         super().__init__(shell)
         self.inspectors: dict[str, Any] = {}
         self.finder: Any = None  # `%inspect all`: the inspection.finding.discovery.Discovery
+        self.finder_live = False  # `%inspect all --live`: under --ranks, the ranks side by side
         self._events: Borrowed | None = None
         self._flush_callback = self._flush_all  # one bound object: unregister needs the same
 

@@ -11,6 +11,7 @@ them.
 
 from __future__ import annotations
 
+import html
 import os
 import shlex
 import shutil
@@ -136,10 +137,13 @@ def _target() -> tuple[str, dict[str, str]]:
     return (state.mig.uuid if state.mig is not None else state.gpu.uuid), environ
 
 
-def _finder(shell: Any) -> Any:
+def _finder(shell: Any) -> tuple[Any, bool]:
+    """`%inspect all`'s finder (None: off), and whether it asked for the live view."""
     magics = shell.magics_manager.registry.get("InspectMagics")
     finder = getattr(magics, "finder", None)
-    return finder if finder is not None and finder.active else None
+    if finder is None or not finder.active:
+        return None, False
+    return finder, bool(getattr(magics, "finder_live", False))
 
 
 def cli_options(options: dict[str, Any]) -> list[str]:
@@ -164,25 +168,35 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
 
     program = _program(line)
     target, environ = _target()
-    finder = _finder(shell)
+    finder, live = _finder(shell)
     folder = tempfile.mkdtemp(prefix="singlecard_nb-ranks-")
     options = []
     if finder is not None:
         options = [*cli_options(finder.options), "--save", os.path.join(folder, "records.db")]
         finder.reset()  # a new run: the previous run's models are forgotten
     ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
-    progress = _Progress(setting.ranks) if finder is not None else None
+    progress = None if finder is None else (_SideBySide if live else _Progress)(setting.ranks)
     job.remember_ranks_run("turn `%inspect all --params` on before `%run`, so each rank "
                            "records its models" if finder is None else None)
+    ended = "stopped"
     try:
         RankJob(ranks, folder, setting.hang_after,
                 on_status=progress.update if progress is not None else None).run()
+        ended = "finished"
     finally:
         try:
+            if progress is not None:  # the ranks' last words: their final steps
+                progress.update(_statuses(folder, setting.ranks), ended)
             if finder is not None:
                 _read_back(finder, folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _statuses(folder: str, ranks: int) -> dict[int, Any]:
+    from ..ranks import agent
+
+    return {rank: agent.read(folder, rank) for rank in range(ranks)}
 
 
 def _read_back(finder: Any, folder: str) -> None:
@@ -198,14 +212,15 @@ def _read_back(finder: Any, folder: str) -> None:
 
 
 class _Progress:
-    """The ranks' records as they come, side by side, in one output updated in place."""
+    """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
 
     def __init__(self, ranks: int):
         self.ranks = ranks
         self.handle: Any = None
+        self.updates = 0  # how many times the output was drawn
         self._last = ""
 
-    def update(self, statuses: dict[int, Any]) -> None:
+    def update(self, statuses: dict[int, Any], state: str = "running") -> None:
         models: dict[str, dict[int, int]] = {}
         for rank, status in statuses.items():
             for name, steps in ((status or {}).get("records") or {}).items():
@@ -216,18 +231,43 @@ class _Progress:
             f"{name}: " + " | ".join(f"rank {r} step {by_rank.get(r, 0)}"
                                      for r in range(self.ranks))
             for name, by_rank in models.items())
+        self._show({"text/plain": text}, text)
+
+    def _show(self, bundle: dict[str, str], text: str) -> None:
         if text == self._last:
             return
         self._last = text
         if self.handle is None:
-            self.handle = display(_Text(text), display_id=True)
+            self.handle = display(bundle, raw=True, display_id=True)
         else:
-            self.handle.update(_Text(text))
+            self.handle.update(bundle, raw=True)
+        self.updates += 1
 
 
-class _Text:
-    def __init__(self, text: str):
-        self.text = text
+class _SideBySide(_Progress):
+    """Under `%inspect all --live`: the ranks side by side, module by module, ranked by where
+    they disagree, one output updated in place: looked at twice a second, redrawn when a rank
+    sent something new (each sends once a second)."""
 
-    def __repr__(self) -> str:
-        return self.text
+    def __init__(self, ranks: int):
+        from ..inspection.runs.side_by_side import SideBySide
+
+        super().__init__(ranks)
+        self.view = SideBySide(ranks)
+        self.error: str | None = None
+
+    def update(self, statuses: dict[int, Any], state: str = "running") -> None:
+        if self.error is not None:
+            return
+        try:
+            if not self.view.feed(statuses) and state == "running":
+                return
+            if not self.view.rows():
+                return
+            bundle = self.view.bundle(state)
+        except Exception as e:  # drawing must never stop the ranks: said once, in the output
+            self.error = f"{type(e).__name__}: {e}"
+            text = (f"ranks side by side: the view failed ({self.error}); the ranks go on, "
+                    "and their records are read back after the run. See docs/ranks.md.")
+            bundle = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
+        self._show(bundle, bundle["text/plain"])

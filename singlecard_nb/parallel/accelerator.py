@@ -4,7 +4,8 @@ Newer code asks `torch.accelerator` (`is_available`, `device_count`, `current_ac
 `current_device_index`, `set_device_index`, `device_index`) instead of `torch.cuda`:
 
 - under every pin, `set_device_index(rank)` and `device_index(rank)` select the pinned card, as
-  `torch.cuda.set_device` does (remap.py); under `cpu` there is no card to select, so nothing is;
+  `torch.cuda.set_device` does (remap/selection.py); under `cpu` there is no card to select,
+  so nothing is;
 - under `cpu`, the one-GPU machine whose GPU is the CPU: `is_available()` stays False and
   `device_count()` 0, exactly as `torch.cuda` says (libraries take their CPU paths), while
   `current_accelerator()` is `device("cpu")` and `current_device_index()` is 0, as

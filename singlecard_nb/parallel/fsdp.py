@@ -36,11 +36,22 @@ from .under_cpu import under_cpu
 
 def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Notices,
             conversions: Conversions) -> None:
-    """Patch `FullyShardedDataParallel.__init__` for `device`, owned by `owner`."""
+    """Patch `FullyShardedDataParallel.__init__` for `device`, owned by `owner`: now if
+    torch.distributed.fsdp is imported, else when it is (importing it takes a third of torch's
+    own import time, which every pin, and every rank of `--ranks N`, would pay for nothing)."""
     if not dist.is_available():
         return
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    owner.after_import(
+        _MODULE, lambda module: _patch(owner, module.FullyShardedDataParallel, device, groups,
+                                       notices, conversions),
+        "FullyShardedDataParallel (world of one)")
 
+
+_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
+
+
+def _patch(owner: Borrowed, FSDP: Any, device: torch.device, groups: Groups,  # noqa: N803
+           notices: Notices, conversions: Conversions) -> None:
     original = FSDP.__init__
     signature = inspect.signature(original)
     depth = [0]  # auto_wrap_policy builds the inner wrappers inside the outer one's __init__

@@ -9,7 +9,7 @@ returns the tensor itself (what torch returns for a tensor that is pinned alread
 `is_pinned()` says True for CPU tensors (torch's own code gets torch's answer); `DataLoader(pin_memory=True)` loads into ordinary
 memory (what torch does anyway, with a warning on every epoch); a factory function asked for
 pinned memory (`torch.zeros(2, pin_memory=True)`, `torch.empty(...)`, `x.new_empty(...)`) makes
-the tensor in ordinary memory (remap.py's factory patches ask `unpinned`); `record_stream` on
+the tensor in ordinary memory (remap/factories.py asks `unpinned`); `record_stream` on
 the CPU's one stream has nothing to record. `non_blocking=True` copies between CPU tensors already work.
 Said once, counted in `%singlecard status`. Torch's own callers (FSDP's CPU offload pins its
 shards) get the same answers.

@@ -10,7 +10,7 @@ While single-card mode is on (`enable(device)`, called by `session.pin` with the
   fixed up for the pinned device (none on the CPU): reducer, logger, comm hooks, static graph,
   `no_sync`, `join` and DDP's own errors are torch's. Without a process group it forms one.
   Measured against the former pass-through in benchmarks/ (README, "Multi-GPU code on one card").
-- process groups are worlds of one (groups.py); device references follow the pin (remap.py);
+- process groups are worlds of one (groups.py); device references follow the pin (remap/);
   `mp.spawn` runs rank 0 in this process (spawn.py); pinned to the CPU, CUDA-minded calls get
   a one-GPU machine's answers (cuda_on_cpu.py); torchrun's variables are provided where unset.
 

@@ -3,7 +3,7 @@
 A script launched as `mp.spawn(main, args=(world_size, ...), nprocs=world_size)` runs
 `main(0, world_size, ...)` here, as rank 0 of a world of one: the worker's
 `init_process_group(rank=rank, world_size=world_size)` forms that world (single_card.py), its
-`.to(rank)` lands on the pinned device (remap.py). Running in this process is also the only way
+`.to(rank)` lands on the pinned device (remap/). Running in this process is also the only way
 that works from a notebook: functions defined in `__main__` cannot be pickled into spawned
 children. The worker's exceptions reach the caller unchanged (no `ProcessRaisedException`), so
 `%debug` sees the real frame. What a child's changes to its environment variables and torch's

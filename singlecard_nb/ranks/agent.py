@@ -15,11 +15,13 @@ import sys
 import sysconfig
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 INTERVAL = 0.5  # seconds between samples
+_TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
 _BUSY_CPU = 0.1  # CPU seconds per second of wall time that count as working (10% of a core)
 
 Frame = tuple[str, int, str]  # (file name, line, function), innermost first
@@ -98,6 +100,7 @@ class Agent:
         self._extra: dict[str, Any] = {}
         self._periodic: list[Callable[[], dict[str, Any] | None]] = []
         self._lock = threading.Lock()
+        self.stopping = False
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
@@ -119,14 +122,29 @@ class Agent:
                              tb.tb_frame.f_code.co_name))
             tb = tb.tb_next
         self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
-                                 "at": time.time(), **locate(inner, self._roots)}
+                                 "at": time.time(), **locate(inner, self._roots),
+                                 "traceback": self._traceback(error)}
         self._write(self._sample())
+
+    def _traceback(self, error: BaseException) -> str:
+        """The traceback as python prints it, from the script's own first frame on (the
+        launcher's and runpy's left out), its middle cut on a deep stack."""
+        tb = error.__traceback__
+        while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename, self._roots):
+            tb = tb.tb_next
+        lines = "".join(traceback.format_exception(
+            type(error), error, tb or error.__traceback__)).splitlines()
+        if len(lines) > _TRACEBACK_LINES:
+            half = _TRACEBACK_LINES // 2
+            lines = [*lines[:half], f"  ... {len(lines) - 2 * half} lines ...", *lines[-half:]]
+        return "\n".join(line[:300] for line in lines)
 
     def stop(self, status: int) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * INTERVAL)
         self._extra["exit"] = status
+        self.stopping = True  # the last beat: a periodic fn says its last word now
         self._beat()
 
     # --- the thread -------------------------------------------------------------------------

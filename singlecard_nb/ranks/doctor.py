@@ -47,13 +47,30 @@ def describe(rank: int, status: Mapping[str, Any] | None, code: int | None) -> s
     return f"rank {rank}: in no collective, at {where}"
 
 
+def _point(status: Mapping[str, Any] | None, stopped: bool = False) -> tuple[str | None, str]:
+    """(collective, short file:line) where a rank stands; for a rank `stopped` by another's
+    failure, where it stood when that one died: a collective it then failed in (its peer went
+    away) is where it was waiting, so the answer does not depend on who the notebook saw first."""
+    if not status:
+        return None, _short(None)
+    raised = status.get("raised") if stopped else None
+    place = raised or status
+    return place.get("collective"), _short(place.get("where"))
+
+
 def _waiting(statuses: Mapping[int, Mapping[str, Any] | None],
-             codes: Mapping[int, int | None]) -> dict[tuple[str, str], list[int]]:
-    """(collective, where) -> the ranks waiting there, for ranks still running."""
+             codes: Mapping[int, int | None],
+             stopped: bool = False) -> dict[tuple[str, str], list[int]]:
+    """(collective, where) -> the ranks waiting there, for ranks still running (with
+    `stopped`: every rank but those in `codes`, each where it stood when they failed)."""
     points: dict[tuple[str, str], list[int]] = {}
     for rank, status in sorted(statuses.items()):
-        if codes.get(rank) is None and status and status.get("collective"):
-            points.setdefault((status["collective"], _short(status.get("where"))), []).append(rank)
+        gone = rank in codes if stopped else codes.get(rank) is not None
+        if gone:
+            continue
+        collective, where = _point(status, stopped)
+        if collective:
+            points.setdefault((collective, where), []).append(rank)
     return points
 
 
@@ -62,11 +79,11 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def never_arrived(statuses: Mapping[int, Mapping[str, Any] | None],
-                  codes: Mapping[int, int | None]) -> list[str]:
+                  codes: Mapping[int, int | None], stopped: bool = False) -> list[str]:
     """For each collective some ranks wait in, the ranks that never arrived there."""
     everyone = sorted(statuses)
     lines = []
-    for (collective, where), waiting in sorted(_waiting(statuses, codes).items(),
+    for (collective, where), waiting in sorted(_waiting(statuses, codes, stopped).items(),
                                                key=lambda item: len(item[1])):
         missing = [r for r in everyone if r not in waiting]
         if missing:
@@ -90,27 +107,57 @@ def hang_report(statuses: Mapping[int, Mapping[str, Any] | None],
     return "\n".join(lines)
 
 
+def stopped(rank: int, status: Mapping[str, Any] | None, code: int | None,
+            failed: int) -> str:
+    """A rank stopped because rank `failed` died, as a line: where it was when that happened
+    (an error of its own after that, its peer gone, is no second failure)."""
+    if code == 0:
+        return f"rank {rank}: had finished (exit status 0) when rank {failed} died"
+    if status is None:
+        return f"rank {rank}: stopped before its script started, when rank {failed} died"
+    collective, where = _point(status, stopped=True)
+    if collective:
+        return f"rank {rank}: stopped (waiting in {collective} at {where} when rank {failed} died)"
+    return f"rank {rank}: stopped (at {where}, in no collective, when rank {failed} died)"
+
+
 def failure_report(failed: int, statuses: Mapping[int, Mapping[str, Any] | None],
                    codes: Mapping[int, int | None]) -> str:
-    """The RankFailed message: rank `failed` failed first; what the others were doing."""
+    """The RankFailed message: rank `failed` failed first, its traceback as the cause; where
+    each other rank was when it died."""
     status = statuses.get(failed) or {}
     raised = status.get("raised") or {}
     what = raised.get("error") or f"exit status {codes.get(failed)}"
     at = f" at {_short(raised['where'])}" if raised.get("where") else ""
-    lines = [f"rank {failed} failed: {what}{at} (its traceback is above, under "
-             f"[rank {failed}]); the other ranks were stopped. Where each one was:"]
-    lines += [f"  {describe(r, statuses.get(r), None if r != failed else codes.get(r))}"
+    lines = [f"rank {failed} failed: {what}{at}; the other ranks were stopped."]
+    if raised.get("traceback"):
+        lines.append(f"The cause, rank {failed}'s traceback (also above, under [rank {failed}]):")
+        lines += [f"  {line}" for line in raised["traceback"].splitlines()]
+    elif not raised:
+        lines.append(f"Rank {failed} ended without a Python traceback (killed, out of memory, "
+                     f"or a crash in native code): its last output is above, under [rank "
+                     f"{failed}].")
+    lines.append(f"Where each other rank was when rank {failed} died:")
+    lines += [f"  {stopped(r, statuses.get(r), codes.get(r), failed)}"
               for r in sorted(statuses) if r != failed]
-    lines += never_arrived(statuses, {failed: codes.get(failed)})
+    lines += never_arrived(statuses, {failed: codes.get(failed)}, stopped=True)
+    lines.append(f"An error a stopped rank printed after that (gloo's \"Connection closed by "
+                 f"peer\" and the like) comes from rank {failed} going away, not from a bug of "
+                 f"its own; see {DOCS}.")
     return "\n".join(lines)
 
 
 def first_failed(statuses: Mapping[int, Mapping[str, Any] | None],
                  codes: Mapping[int, int | None]) -> int | None:
-    """The rank that raised first (its own word, written before its traceback), else the
-    first with a non-zero exit status."""
-    raised = [(s["raised"]["at"], r) for r, s in statuses.items() if s and s.get("raised")]
-    if raised:
-        return min(raised)[1]
-    failed = [r for r, c in codes.items() if c not in (None, 0)]
-    return min(failed) if failed else None
+    """The rank that failed first: by the time each said it raised (written before its
+    traceback); a rank that exited non-zero without a word (killed, a native crash) by its
+    last status's time, which its death followed, so the ranks failing because it went away
+    (their raise comes after its death) never count as first."""
+    when = []
+    for rank, status in statuses.items():
+        raised = (status or {}).get("raised")
+        if raised:
+            when.append((raised["at"], rank))
+        elif codes.get(rank) not in (None, 0):
+            when.append(((status or {}).get("time", float("-inf")), rank))
+    return min(when)[1] if when else None

@@ -35,19 +35,21 @@ class RankJob:
     """One run of N ranks.
 
     echo(rank, line, stream): shows a line of a rank's output ("stdout" or "stderr").
-    on_status(statuses): called about once a second with every rank's latest status.
+    on_status(statuses): called every `status_every` seconds with every rank's latest status
+    (the ranks' agents write theirs twice a second).
     """
 
     def __init__(self, ranks: Sequence[Rank], folder: str, hang_after: float = 60.0,
                  echo: Callable[[int, str, str], None] | None = None,
                  on_status: Callable[[dict[int, Any]], None] | None = None,
-                 cwd: str | None = None):
+                 cwd: str | None = None, status_every: float = agent.INTERVAL):
         self.ranks = list(ranks)
         self.folder = folder
         self.hang_after = hang_after
         self.echo = echo or _print
         self.on_status = on_status
         self.cwd = cwd
+        self.status_every = status_every
         self.processes: dict[int, subprocess.Popen] = {}
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
@@ -100,7 +102,7 @@ class RankJob:
                     progress[r], moved[r] = mark, now
                 if ended:
                     exited.add(r)
-            if self.on_status is not None and now - told >= 1.0:
+            if self.on_status is not None and now - told >= self.status_every:
                 told = now
                 self.on_status(statuses)
             failed = doctor.first_failed(statuses, {r: c for r, c in codes.items()

@@ -1,6 +1,6 @@
 """`scn.fit(model, batch, optimizer=opt)`: the peak of one training step, before running it.
 
-The step runs on fake tensors (`ledger.py`) for the batch given and for twice its size; the two
+The step runs on fake tensors (`step.py`) for the batch given and for twice its size; the two
 peaks fix a line (fixed bytes + bytes per sample) that predicts other batch sizes. A third run
 under bf16 autocast says what mixed precision would save. The card is handed in by `session`.
 """
@@ -18,8 +18,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..capacity import Card
 from ..job import launched_world_size
-from .ledger import FakeStep, reads_values
 from .plan import Plan, Run
+from .step import FakeStep, reads_values
 
 _WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 

@@ -13,5 +13,5 @@ dist.all_reduce(torch.ones(1))
 print("first all_reduce done")
 if rank == 1:
     raise ValueError("bad batch on rank 1: labels out of range")  # RAISE_LINE
-dist.all_reduce(torch.ones(1))
+dist.all_reduce(torch.ones(1))  # WAIT_LINE: the others wait here for rank 1
 print("never printed")

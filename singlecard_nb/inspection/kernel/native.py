@@ -37,7 +37,7 @@ from . import build
 
 ENV = "SINGLECARD_NB_NATIVE"
 
-# kernel(data_ptr, n, exact, address): writes stats.RAW (8 doubles) of the n values that fill
+# kernel(data_ptr, n, exact, address): writes reductions.RAW (8 doubles) of the n values that fill
 # one dense block of memory from data_ptr at `address`, which stays valid (and is not shared)
 # during the call. The caller keeps the tensor alive during the call.
 Kernel = Callable[[int, int, bool, int], None]

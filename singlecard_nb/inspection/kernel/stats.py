@@ -23,9 +23,8 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
     GPU tensors         torch reductions on the device, sums in float64, every count taken on
                         the device; all of a step's raw rows reach the host in one transfer.
 
-Subclasses are read through their data (`plain`): a Parameter's, a DTensor's local shard, a
-MaskedTensor's unmasked values; a wrapper without memory of its own (a FakeTensor) is never read
-(its `data_ptr()` is 0: the kernel would read address 0).
+Which tensors can be read, and how (a subclass's data, one dense block), is `readable.py`; the
+RAW rows become VALUES in `values.py`.
 
 Exactness (the same on the kernel and the torch fallback): min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
 float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
@@ -46,127 +45,19 @@ import numpy as np
 import torch
 
 from . import native
-from .reductions import (
-    CANCELLATION_LIMIT,
-    FLOAT64_SQUARES_FIT,
-    RAW,
-    reduce_cpu,
-    reduce_on_device,
-    reduce_rows,
-    wide,
-)
+from .readable import as_real, is_zerotensor, one_block, plain, real_dtype, reducible
+from .reductions import FLOAT64_SQUARES_FIT, RAW, reduce_cpu, reduce_on_device, reduce_rows, wide
 from .staging import Staging
+from .values import EMPTY, VALUES, finish
 
-__all__ = ["CANCELLATION_LIMIT", "EMPTY", "RAW", "SMALL_NUMEL", "VALUES", "StepStats", "finish",
-           "plain", "reducible"]
+# the recorder reads plain, reducible and VALUES from here (its one import of the kernel)
+__all__ = ["SMALL_NUMEL", "VALUES", "StepStats", "plain", "reducible"]
 
-VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
-EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
 SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)
 _CHUNK_BITS = 10  # the kernel's RAW rows come in chunks of 1024
 _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _ROW_BYTES = 8 * 8  # len(RAW) float64
-
-_REDUCIBLE = frozenset({
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-    torch.complex64, torch.complex128,
-})
-
-
-def reducible(t: torch.Tensor) -> bool:
-    """Whether statistics can be taken; sparse, quantized, nested and meta tensors cannot."""
-    return (t.dtype in _REDUCIBLE and t.layout is torch.strided and not t.is_nested
-            and not t.is_meta)
-
-
-def _real_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The float type reductions run in: float64 keeps float64 and 32/64-bit integers (token
-    ids and counts stay exact); half, bfloat16, small ints and bool accumulate in float32."""
-    return torch.float64 if dtype in (torch.float64, torch.int32, torch.int64) else torch.float32
-
-
-def _as_real(x: torch.Tensor) -> torch.Tensor | None:
-    """A float tensor to reduce, or None when `x` already is one."""
-    if x.is_complex():
-        return x.abs()  # magnitudes
-    dtype = _real_dtype(x.dtype)
-    return None if x.dtype == dtype else x.to(dtype)
-
-
-def plain(t: torch.Tensor) -> torch.Tensor | None:
-    """The dense tensor with memory of its own whose values `t` holds: `t` itself, a
-    Parameter's data, a DTensor's local shard (`to_local()`), a MaskedTensor's unmasked values,
-    a subclass's plain view; None where there is none to read (a FakeTensor, other wrapper
-    subclasses: their `data_ptr()` is 0)."""
-    if type(t) is torch.Tensor:
-        return t
-    with torch.no_grad():
-        if callable(getattr(t, "to_local", None)) and hasattr(t, "placements"):  # DTensor
-            local = t.to_local()
-            wait = getattr(local, "wait", None)  # an AsyncCollectiveTensor
-            return plain(wait() if callable(wait) and type(local) is not torch.Tensor
-                         else local)
-        if callable(getattr(t, "get_data", None)) and callable(getattr(t, "get_mask", None)):
-            data, mask = t.get_data(), t.get_mask()  # MaskedTensor: the values it holds
-            if type(data) is torch.Tensor and type(mask) is torch.Tensor:
-                return data.detach()[mask]
-            return None
-        d = t.detach()
-        if type(d) is not torch.Tensor:
-            try:
-                d = d.as_subclass(torch.Tensor)  # a subclass made by _make_subclass: real memory
-            except (RuntimeError, TypeError):
-                return None
-    if d.numel() and not _has_memory(d):
-        return None
-    return d
-
-
-def _has_memory(t: torch.Tensor) -> bool:
-    try:
-        return t.untyped_storage().data_ptr() != 0 or _is_zerotensor(t)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-
-
-def _one_block(t: torch.Tensor) -> bool:
-    """Whether the elements fill one dense block of memory from `data_ptr()`, in any order
-    (contiguous, channels_last, transposed views): then a kernel can read them as a vector.
-    The kernel only reads memory, so a tensor that requires grad needs no `detach()`."""
-    if type(t) is not torch.Tensor or t.is_neg():
-        return False  # subclasses (Parameter too) and lazily negated views: torch reads them
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
-
-
-def _is_zerotensor(t: torch.Tensor) -> bool:
-    """torch's ZeroTensor (an efficient all-zero gradient) has no storage: data_ptr() is 0."""
-    is_zero = getattr(t, "_is_zerotensor", None)
-    return is_zero is not None and is_zero()
-
-
-def finish(raw: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """VALUES ([k, 8] float64) from RAW rows ([k, 8]) of tensors of `n` ([k]) elements."""
-    lo, hi, shift, s1, s2, nan, inf, nonzero = raw.T
-    with np.errstate(all="ignore"):
-        mean = np.where(np.isfinite(shift), shift + s1 / n, shift)  # an Inf mean stays Inf
-        var = np.maximum(s2 - s1 * s1 / n, 0.0) / (n - 1)  # unbiased, like torch.std
-        var[(n <= 1) | ~np.isfinite(s1) | ~np.isfinite(s2)] = np.nan
-        constant = (lo == hi) & np.isfinite(lo)  # exact: no rounding in the mean or std
-        mean = np.where(constant, lo, mean)
-        var = np.where(constant & (n > 1), 0.0, var)
-        absmax = np.maximum(np.abs(lo), np.abs(hi))  # NaN stays NaN
-        zeros = (n - nonzero) / n
-    return np.stack([mean, np.sqrt(var), lo, hi, absmax, nan, inf, zeros], axis=1)
 
 
 class StepStats:
@@ -207,9 +98,9 @@ class StepStats:
         on_cpu = t.is_cpu
         if on_cpu:  # one call of the kernel: ~1.5 us for a small tensor, one read for a large one
             kernel = self._kernels.get(t.dtype)
-            if kernel is not None and not _is_zerotensor(t):  # a ZeroTensor has no memory
+            if kernel is not None and not is_zerotensor(t):  # a ZeroTensor has no memory
                 try:  # a strided or negated view is copied first: still fewer reads than torch's
-                    block = t if _one_block(t) else t.resolve_neg().contiguous()  # alive in the call
+                    block = t if one_block(t) else t.resolve_neg().contiguous()  # alive in the call
                     address = block.data_ptr() if type(block) is torch.Tensor else 0
                     if address:  # 0: a subclass' shell without memory (reading it: a segfault)
                         kernel(address, n, self.exact_std, self._row_address(slot))
@@ -225,7 +116,7 @@ class StepStats:
         if n <= SMALL_NUMEL and not immediate and not (on_cpu and x.dtype is torch.float64):
             self._stage(x, shape, slot)
             return slot
-        real = _as_real(x)
+        real = as_real(x)
         v = x if real is None else real
         if on_cpu:
             kernel = self._kernels.get(v.dtype) if real is not None else None
@@ -323,7 +214,7 @@ class StepStats:
         if dtype.is_complex:
             x = x.abs()  # magnitudes
             dtype = x.dtype
-        staged_dtype = _real_dtype(dtype)  # the staging copy converts
+        staged_dtype = real_dtype(dtype)  # the staging copy converts
         key = (x.device, staged_dtype, shape)
         staging = self._small.get(key)
         if staging is None:

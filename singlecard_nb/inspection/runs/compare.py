@@ -185,7 +185,7 @@ class RankComparison:
     def plot(self, stat: str | None = None):
         """The divergence plot of the rank that differs first (else the first pair)."""
         if not self.pairs:
-            from ..views.plots import message_figure
+            from ..views.figures import message_figure
 
             return message_figure("one rank only: nothing to compare across ranks")
         rank = self.first.rank if self.first is not None else next(iter(self.pairs))

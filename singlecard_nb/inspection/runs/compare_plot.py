@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..views import plots  # plots.new_figure, looked up at each call: the one figure helper
+from ..views import figures  # figures.new_figure, looked up at each call: the one figure helper
 from .alignment import COMPARED
 
 _IO_STYLE = {"output": ("#1f77b4", "o"), "input": ("#7f7f7f", "s"), "grad": ("#ff7f0e", "v"),
@@ -54,7 +54,7 @@ def divergence_plot(frame: Any, stat: str | None, rtol: float, first: Any,
 
     compared = frame[frame["status"] == COMPARED]
     if compared.empty:
-        return plots.message_figure("no tensor recorded by both runs: nothing to plot")
+        return figures.message_figure("no tensor recorded by both runs: nothing to plot")
     column = "rel" if stat is None else f"{stat}_rel"
     modules = list(dict.fromkeys(frame["module"]))
     place = {m: i for i, m in enumerate(modules)}
@@ -63,7 +63,7 @@ def divergence_plot(frame: Any, stat: str | None, rtol: float, first: Any,
                 1e-12)
     ceiling = max(float(finite.max()) if finite.notna().any() else rtol, rtol) * 10
     width = min(4 + 0.3 * len(modules), _WIDTH)
-    fig, ax = plots.new_figure(width, 3.8)
+    fig, ax = figures.new_figure(width, 3.8)
     size = _marker_size(len(modules), width)
     for io, rows in compared.groupby("io", sort=False):
         worst = rows.groupby("module", sort=False)[column].max()

@@ -6,8 +6,8 @@ import fnmatch
 import math
 from typing import Any
 
-from . import plots  # plots.new_figure, looked up at each call: the one figure helper
-from .plots import _BAD_COLOUR, _label, message_figure
+from . import figures  # figures.new_figure, looked up at each call: the one figure helper
+from .figures import BAD_COLOUR, label, message_figure
 
 
 def _rebin(counts: Any, edges: Any, bins: int) -> tuple[Any, Any]:
@@ -59,7 +59,7 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
     many = any(len(over_steps.get(name, [])) > 1 for name in chosen)
     ncols = 2 if many else min(3, len(chosen))
     nrows = len(chosen) if many else math.ceil(len(chosen) / ncols)
-    fig, axes = plots.new_figure(4.5 * ncols, 2.6 * nrows, grid=(nrows, ncols))
+    fig, axes = figures.new_figure(4.5 * ncols, 2.6 * nrows, grid=(nrows, ncols))
     for ax in axes.flat:
         ax.axis("off")
     panels = [(axes[i, 0], axes[i, 1]) for i in range(nrows)] if many else \
@@ -68,11 +68,11 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
         ax.axis("on")
         step = over_steps[name][-1][0] if over_steps.get(name) else None
         counts, edges = _rebin(*available[name], bins)
-        ax.set_title(_label(name), fontsize=9)
+        ax.set_title(label(name), fontsize=9)
         note = _nonfinite_note(nonfinite.get(name, {}), step)
         if counts.sum() == 0 or not edges[-1] > edges[0]:
             ax.text(0.5, 0.5, "no finite values to count" + (f"\n{note}" if note else ""),
-                    ha="center", va="center", transform=ax.transAxes, color=_BAD_COLOUR)
+                    ha="center", va="center", transform=ax.transAxes, color=BAD_COLOUR)
         else:
             ax.stairs(counts, edges, fill=True, color="#3b75af")
             positive = counts[counts > 0]
@@ -80,7 +80,7 @@ def histograms(insp: Any, modules: Any = None, bins: int = 64) -> Any:
                 ax.set_yscale("log")
             if note:
                 ax.text(0.98, 0.95, note, ha="right", va="top", transform=ax.transAxes,
-                        fontsize=8, color=_BAD_COLOUR)
+                        fontsize=8, color=BAD_COLOUR)
         ax.set_ylabel("count", fontsize=8)
         ax.tick_params(labelsize=7)
         if steps_ax is not None and len(over_steps.get(name, [])) > 1:
@@ -121,7 +121,7 @@ def _histogram_steps(ax: Any, kept: list, bins: int, nonfinite: dict) -> None:
     steps = [s for s, _, _ in kept]
     if not finite:
         ax.text(0.5, 0.5, "no finite values in these steps", ha="center", va="center",
-                transform=ax.transAxes, color=_BAD_COLOUR)
+                transform=ax.transAxes, color=BAD_COLOUR)
         return
     lo = min(float(e[0]) for _, _, e in finite)
     hi = max(float(e[-1]) for _, _, e in finite)
@@ -137,7 +137,7 @@ def _histogram_steps(ax: Any, kept: list, bins: int, nonfinite: dict) -> None:
               extent=(lo, hi, len(kept) - 0.5, -0.5))
     marked = [i for i, s in enumerate(steps) if s in nonfinite]
     if marked:
-        ax.plot([hi] * len(marked), marked, "<", color=_BAD_COLOUR, markersize=6, clip_on=False)
+        ax.plot([hi] * len(marked), marked, "<", color=BAD_COLOUR, markersize=6, clip_on=False)
         ax.set_title("per step (◀ NaN/Inf in that step)", fontsize=8)
     else:
         ax.set_title("per step", fontsize=8)

@@ -2,8 +2,8 @@
 
 `insp.live()` draws it. In a notebook it is one output updated in place through IPython's
 `display(..., display_id=True)` (IPython is imported only when a view is made); in a script the
-final table is printed when the inspector stops. It lives beside `plots.py` because it is a view
-of an Inspector, and the engine may not import the notebook layer above it.
+final table is printed when the inspector stops. It lives beside the figures (`heatmap.py`)
+because it is a view of an Inspector, and the engine may not import the notebook layer above it.
 """
 
 from __future__ import annotations

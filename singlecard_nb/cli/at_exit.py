@@ -1,0 +1,122 @@
+"""What the command line does as the script ends: the findings printed, the records saved (also
+after an error, and as they go for a rank of `--ranks N`), the trap's words on a terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def say_forked_child_leaves_the_save(parent: int, path: str) -> None:
+    print(f"singlecard_nb: process {os.getpid()}, forked from {parent}, does not save its "
+          f"records: {path} is written by the process that started the script.", file=sys.stderr)
+
+
+
+TOP_FINDINGS = 5
+
+
+def rows_hint(save: str | None) -> str:
+    """What the trap says about the rows, on a terminal: where they will be, how to read them."""
+    if save:
+        return (f"The rows recorded so far are saved at exit to {save}: read them with "
+                f"`import singlecard_nb as scn; scn.load({save!r})`.")
+    return ("Run again with --save PATH to keep the rows recorded so far, then read them with "
+            "`import singlecard_nb as scn; scn.load(PATH)`.")
+
+
+def report(finder: Any) -> None:
+    """The top findings of each model, likeliest cause first; also when nothing is NaN."""
+    for name, insp in finder.inspectors.items():
+        try:
+            rows = insp.findings(TOP_FINDINGS)
+        except Exception as e:  # the report must not hide the script's own outcome
+            print(f"singlecard_nb: {name}: could not rank the findings ({type(e).__name__}: "
+                  f"{e}).", file=sys.stderr)
+            continue
+        steps = insp.steps_recorded
+        if not rows:
+            print(f"singlecard_nb: {name}: {steps} steps recorded; nothing stands out (no NaN/"
+                  "Inf, nothing growing, no outlier or dead module).", file=sys.stderr)
+            continue
+        lines = [f"singlecard_nb: {name}: {steps} steps recorded; findings, likeliest cause "
+                 "first:"]
+        lines += [f"  {i}. {row.text()}" for i, row in enumerate(rows, 1)]
+        print("\n".join(lines), file=sys.stderr)
+
+
+def saving_as_it_goes(finder: Any, path: str, agent: Any, seconds: float = 1.0) -> Any:
+    """A rank's records saved every `seconds` while the script runs (a rank stopped because
+    another failed or hung has no exit to save at); returns {"records": {model: steps},
+    "latest": {model: its latest steps}} (the notebook's side-by-side view reads them)."""
+    import time
+
+    from ..inspection.views.latest import Latest
+
+    last = [0.0]
+    latest: dict[str, Latest] = {}
+
+    def beat() -> dict[str, Any]:
+        found = finder.inspectors
+        said: dict[str, Any] = {"records": {name: insp.steps_recorded
+                                            for name, insp in found.items()}}
+        if found and (agent.stopping or time.monotonic() - last[0] >= seconds):
+            last[0] = time.monotonic()
+            if not agent.stopping:  # at the end the script's exit saves them (main())
+                save(finder, path, quiet=True)
+            # read when the save has brought the steps to the host anyway: no extra flush
+            for name, insp in found.items():
+                latest.setdefault(name, Latest(insp))
+            said["latest"] = {name: view.snapshot() for name, view in latest.items()}
+        return said
+
+    return beat
+
+
+def save(finder: Any, path: str, quiet: bool = False) -> bool:
+    """Each model's records: PATH for one model, PATH.<Model>.db (suffix kept) for several;
+    False when a file could not be written (said, with why)."""
+    found = _models(finder)
+    if quiet and not found:
+        return True
+    if not found:
+        print(f"singlecard_nb: no model was called, so nothing was saved to {path}.",
+              file=sys.stderr)
+        return True
+    target, saved = Path(path), True
+    for name, insp in found.items():
+        where = target if len(found) == 1 else target.with_name(
+            f"{target.stem}.{_file_part(name)}{target.suffix}")
+        try:
+            written = insp.save(where)
+        except OSError as e:
+            print(f"singlecard_nb: {e}", file=sys.stderr)
+            saved = False
+            continue
+        if not quiet:
+            print(f"singlecard_nb: {name}: {insp.steps_recorded} steps recorded, saved to "
+                  f"{written}", file=sys.stderr)
+    return saved
+
+
+def _models(finder: Any) -> dict[str, Any]:
+    """The models ours found, and those of an `inspect_all()` the script started itself (which
+    stopped ours): every record the run made."""
+    from ..inspection.finding.discovery import current
+
+    found = dict(finder.inspectors)
+    theirs = current()
+    if theirs is not None and theirs is not finder:
+        theirs.stop()  # the script's own finder, still looking if the script never stopped it
+        known = {id(insp) for insp in found.values()}
+        for name, insp in theirs.inspectors.items():
+            if id(insp) not in known:
+                found[name if name not in found else f"{name}#{len(found) + 1}"] = insp
+    return found
+
+
+def _file_part(name: str) -> str:
+    """A model's name as part of a file name: a class named `a/b` or `T{x}` saves too."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
