@@ -89,7 +89,7 @@ def patched_objects(cpu: bool = True) -> dict[str, object]:
         objects["DataLoader.__init__"] = _own(torch.utils.data.DataLoader, "__init__")
         objects.update({f"torch.accelerator.{n}": getattr(torch.accelerator, n) for n in (
             "current_accelerator", "current_device_index", "current_stream", "synchronize",
-            "memory_allocated")})
+            "memory_allocated") if hasattr(torch.accelerator, n)})  # memory_*: torch 2.8+
     return objects
 
 

@@ -71,7 +71,6 @@ def set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
     # The public getter resolves an index-less device by allocating a tensor, which could start
     # CUDA, so read the global context torch.set_default_device itself keeps.
     globals_ = torch._GLOBAL_DEVICE_CONTEXT
-    had_context = hasattr(globals_, "device_context")
     context = getattr(globals_, "device_context", None)
     previous = None if context is None else context.device
     set_default = own(torch.set_default_device)
@@ -79,8 +78,9 @@ def set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
 
     def restore() -> None:
         set_default(previous)
-        if not had_context and getattr(globals_, "device_context", 0) is None:
-            # as before the pin: torch 2.6-2.7's get_default_device() fails on a None context
+        if getattr(globals_, "device_context", 0) is None:
+            # "no default device" as torch 2.6-2.7 can read it: their get_default_device()
+            # fails on the None context their own set_default_device(None) leaves
             del globals_.device_context
 
     owner.on_restore(restore, "torch default device")
