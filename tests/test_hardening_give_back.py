@@ -118,3 +118,81 @@ def test_memory_stop_from_another_thread_then_exit_does_not_abort():
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
         assert "done" in run.stdout
+
+
+_SWEEP = textwrap.dedent("""
+    import gc, weakref
+    import torch
+    from torch import nn
+
+    freed = []
+    for width in range(2, 8):
+        model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        ref = weakref.ref(model)
+        del model, opt
+        gc.collect()
+        freed.append(ref() is None)
+""")
+
+_COMPILED = textwrap.dedent("""
+    import weakref
+    import torch
+    from torch import nn
+
+    model = torch.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    model(torch.randn(2, 4)).sum().backward()
+    REFS.append(weakref.ref(model._orig_mod))
+    del model
+""")
+
+
+@pytest.fixture
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "singlecard_nb")
+    yield ip
+    ip.run_line_magic("unload_ext", "singlecard_nb")
+
+
+def _run(ip, cell):
+    result = ip.run_cell(cell)
+    assert result.success, result.error_in_exec or result.error_before_exec
+
+
+def test_inspect_all_lets_each_model_of_a_sweep_go_and_keeps_its_records(shell, tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(_SWEEP)
+    _run(shell, "%inspect all")
+    _run(shell, f"%run {script}")
+    assert shell.user_ns["freed"] == [True] * 6, "a dropped model was kept alive"
+    found = scn.inspectors()
+    assert list(found) == ["Sequential"] + [f"Sequential#{i}" for i in range(2, 7)]
+    for insp in found.values():  # the records outlive their models
+        frame = insp.frame()
+        assert insp.steps_recorded == 2 and {"", "0", "2"} <= set(frame.module)
+    assert not any(insp.active for insp in found.values())  # stopped, once their model went
+    assert found["Sequential#6"].frame().query("module == '0'")["shape"].iloc[0] == (8, 7)
+    _run(shell, "%inspect all off")
+
+
+def test_inspect_all_a_compiled_model_of_one_run_is_gone_after_the_next(shell, tmp_path):
+    import gc
+
+    script = tmp_path / "compiled.py"
+    script.write_text(_COMPILED)
+    shell.user_ns["REFS"] = refs = []
+    _run(shell, "%inspect all")
+    _run(shell, f"%run -i {script}")  # -i: the script sees REFS
+    assert list(scn.inspectors()) == ["Sequential"]
+    _run(shell, f"%run -i {script}")
+    gc.collect()
+    assert refs[0]() is None, "the compiled model of the first %run survived the second"
+    _run(shell, "%inspect all off")
+
