@@ -196,3 +196,49 @@ def test_inspect_all_a_compiled_model_of_one_run_is_gone_after_the_next(shell, t
     assert refs[0]() is None, "the compiled model of the first %run survived the second"
     _run(shell, "%inspect all off")
 
+
+_FSDP2 = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+""")
+
+
+def test_fsdp2_runs_under_singlecard_cpu_leave_no_gloo_listener(shell, tmp_path):
+    import gc
+
+    from singlecard_nb.parallel.groups import listening_sockets
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("listening sockets are read from /proc (Linux)")
+    pytest.importorskip("torch.distributed.fsdp")
+    script = tmp_path / "fsdp2.py"
+    script.write_text(_FSDP2)
+    _run(shell, "%singlecard cpu")
+    try:
+        before = set(listening_sockets())
+        after = []
+        for _ in range(3):
+            _run(shell, f"%run {script}")
+            gc.collect()
+            after.append(set(listening_sockets()) - before)
+        # the last run's model (still in the namespace) holds its group: one listener at most
+        assert all(len(opened) <= 1 for opened in after), after
+        for name in ("model", "opt"):
+            shell.user_ns.pop(name, None)
+        shell.clear_main_mod_cache()  # %run keeps the script's namespace for pickling too
+        gc.collect()
+        assert set(listening_sockets()) == before, "a gloo listener outlived its runs"
+    finally:
+        _run(shell, "%singlecard off")
