@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 # The statistics kernel is built once per test run into a cache of its own (inherited by the
@@ -153,6 +154,14 @@ def _has_gpu() -> bool:
             pynvml.nvmlShutdown()
     except Exception:
         return False
+
+
+# torch 2.6's own fully_shard cannot run a CPU forward, with or without this package: its
+# all-gather asks its stream for record_event, which 2.6's torch.cpu.Stream lacks
+fsdp2_on_cpu = pytest.mark.skipif(
+    not hasattr(torch.cpu.Stream, "record_event"),
+    reason=f"torch {torch.__version__}'s fully_shard does not run on CPU (torch.cpu.Stream "
+           "has no record_event)")
 
 
 REPORTED = ("torch", "ipython", "ipykernel", "pandas", "matplotlib", "numpy", "ipywidgets")

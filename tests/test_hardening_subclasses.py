@@ -11,17 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-import torch
+from conftest import fsdp2_on_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# torch 2.6's own fully_shard cannot run a CPU forward, with or without this package: its
-# all-gather asks its stream for record_event, which 2.6's torch.cpu.Stream lacks
-fsdp2_on_cpu = pytest.mark.skipif(
-    not hasattr(torch.cpu.Stream, "record_event"),
-    reason=f"torch {torch.__version__}'s fully_shard does not run on CPU (torch.cpu.Stream "
-           "has no record_event)")
 
 
 def run(code: str) -> dict:

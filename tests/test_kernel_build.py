@@ -138,3 +138,65 @@ def test_the_built_kernel_runs_beside_torchs_openmp_library_and_no_other():
     assert any("/onepass-" in path for path in mapped)  # the kernel is loaded...
     gomp = {os.path.realpath(path) for path in mapped if "gomp" in os.path.basename(path)}
     assert gomp == {os.path.realpath(library)}, gomp  # ...beside torch's libgomp and no other
+
+
+def _hanging_compiler(tmp_path: Path) -> tuple[Path, Path]:
+    """A cc that starts a child (as cc runs cc1 and as) and hangs; both note their pids."""
+    pids = tmp_path / "pids"
+    hanging = tmp_path / "hanging-cc"
+    hanging.write_text(f"#!/bin/sh\necho $$ >> {pids}\nsleep 300 &\necho $! >> {pids}\n"
+                       "sleep 300\n")
+    hanging.chmod(0o755)
+    return hanging, pids
+
+
+def _gone(pids: Path) -> list[int]:
+    """The noted pids still running after a few seconds' grace."""
+    alive = [int(p) for p in pids.read_text().split()]
+    for _ in range(50):
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
+        if not alive:
+            break
+        time.sleep(0.1)
+    return alive
+
+
+def test_a_hanging_compiler_gives_up_within_the_timeout_with_one_plain_notice(tmp_path):
+    hanging, pids = _hanging_compiler(tmp_path)
+    script = ("import json, time, torch\n"
+              "from singlecard_nb.inspection.kernel import build, native, stats\n"
+              "build.COMPILE_TIMEOUT_S = 2\n"
+              "began = time.monotonic()\n"
+              "ok = native.wait(60)\n"
+              "print(json.dumps({'ok': ok, 'took': time.monotonic() - began,\n"
+              "                  'status': native.status()}))\n")
+    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(tmp_path / "cache"),
+           "CC": str(hanging)}
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not out["ok"] and out["took"] < 30  # one timeout, not one per way of building
+    assert "did not finish within 2 s" in out["status"], out["status"]
+    assert "torch reductions" in out["status"] and "Command" not in out["status"]
+    assert pids.read_text().count("\n") == 2  # one compiler started, and its child
+    assert _gone(pids) == [], "the compiler or its child still runs"
+
+
+def test_a_hanging_compiler_and_its_children_end_with_the_process_that_started_it(tmp_path):
+    hanging, pids = _hanging_compiler(tmp_path)
+    script = ("import time\n"
+              "from pathlib import Path\n"
+              "from singlecard_nb.inspection.kernel import native\n"
+              "native.start()  # the build runs in a daemon thread\n"
+              f"while Path({str(pids)!r}).read_text().count('\\n') < 2 if Path({str(pids)!r})"
+              ".exists() else True:\n"
+              "    time.sleep(0.05)\n"
+              "print('compiler running')\n")
+    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(tmp_path / "cache"),
+           "CC": str(hanging)}
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "compiler running" in run.stdout
+    assert _gone(pids) == [], "the compiler or its child outlived the process"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import fsdp2_on_cpu
 from parallel_support import clean_state, patched_objects  # noqa: F401 - clean_state: pytestmark
 
 from singlecard_nb import session
@@ -91,6 +92,7 @@ def test_fsdp1_with_mixed_precision_offload_sync_and_orig_params_trains_under_cp
     assert any("offload_params=True)) under `%singlecard cpu`" in s for s in said)
 
 
+@fsdp2_on_cpu
 def test_an_fsdp2_tp_mesh_of_one_trains_and_checkpoints_and_a_bigger_one_says_what_to_change(runs):
     out, _, _ = runs
     (first, said, error), (second, _, error2) = out["mesh"]

@@ -26,6 +26,7 @@ INTERNALS = {
     "torch.cuda._lazy_init": r"_lazy_init\b",
     "_world.pg_map": r"\bpg_map\b",
     "reducer._remove_autograd_hooks()": r"_remove_autograd_hooks",
+    "_clear_sharding_prop_cache()": r"_clear_sharding_prop_cache",
     "_get_builtin_table()": r"_get_builtin_table",
     "_push_saved_tensors_default_hooks": r"_push_saved_tensors_default_hooks",
     "FakeTensorMode": r"FakeTensorMode",

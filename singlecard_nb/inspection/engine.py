@@ -101,11 +101,13 @@ class Inspector(InspectorResults):
         """Whether the hooks are attached: False after stop() and after `%unload_ext`."""
         return self._attach.active
 
-    def start(self) -> Inspector:
+    def start(self, *, hold_model: bool = True) -> Inspector:
         """Attach hooks (one owner removes them all); idempotent.
 
         Starting an inspector on a model that another active inspector records stops that one
-        (a re-run notebook cell would otherwise stack recorders).
+        (a re-run notebook cell would otherwise stack recorders). `hold_model` False: the
+        model is not kept alive by this inspector (inspect_all's); once it is collected there
+        is nothing more to record, and `stop()` gives back the rest.
         """
         if self._attach.active:
             return self
@@ -128,7 +130,8 @@ class Inspector(InspectorResults):
         try:  # a Ctrl-C (held back until all is attached) or a failure: nothing stays
             with uninterrupted():
                 self._attach.attach(model, wrapper, targets, self._calls, self._recorder,
-                                    params=self.params, on_detach=self._detached)
+                                    params=self.params, on_detach=self._detached,
+                                    hold=hold_model)
                 compile_listeners.add(self._compile_listener)
                 if self._memory is not None:
                     self._memory.started(model, self._attach.listen_to_optimizers)

@@ -130,7 +130,10 @@ class Groups:
             target = dist.group.WORLD if group is None else group
             if target is not None:
                 self._release_wrappers_of(target)
-            return original(group)
+            try:
+                return original(group)
+            finally:
+                _forget_dtensor_meshes()
 
         return destroy_process_group
 
@@ -170,6 +173,7 @@ class Groups:
             self._release_wrappers_of(group)
             # A group on our private store would break the user's next real init_process_group.
             _unpatched(dist.destroy_process_group)()
+            _forget_dtensor_meshes()
         for wrapper in list(self._wrappers):
             if not _is_live_group(getattr(wrapper, "process_group", None)):
                 _release(wrapper)
@@ -262,6 +266,20 @@ def _is_live_group(group: Any) -> bool:
     from torch.distributed import distributed_c10d
 
     return group is not None and group in distributed_c10d._world.pg_map
+
+
+def _forget_dtensor_meshes() -> None:
+    """A group was destroyed: DTensor's sharding caches let go of its meshes. They keep the
+    first mesh they saw for good (a later equal mesh hits the cache), and a mesh holds its
+    groups: the first FSDP2 (`fully_shard`) run's gloo listener stayed open to the end."""
+    debug = sys.modules.get("torch.distributed.tensor.debug")
+    if debug is None and "torch.distributed.tensor" not in sys.modules:
+        return  # no DTensor ever made: nothing cached
+    if debug is None:
+        debug = importlib.import_module("torch.distributed.tensor.debug")
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)
+    if clear is not None:  # a torch without it (older): nothing to do
+        clear()
 
 
 def _unpatched(function: Callable) -> Callable:

@@ -68,6 +68,9 @@ class Discovery:
         self._marks: list = []  # handles of our hooks on the models found (_look_again_after)
         self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
         self._owner: Borrowed | None = None
+        # what a run's compiled wrappers borrow (each wrapper holds its model): given back by
+        # the next run's reset, so a model of one run never outlives the next
+        self._run_patches = Borrowed("inspect all: compiled wrappers run eagerly")
         self._uncopied = Uncopied()  # our marks, left out of pickles
         self._hook_id: int | None = None
         self._hook = self._on_call  # one bound object: in and out of torch's table
@@ -107,6 +110,7 @@ class Discovery:
                     entry = warnings.filters[0]
                     owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
                     owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+                    owner.on_restore(self._run_patches.restore, "compiled wrappers run eagerly")
                     owner.on_restore(self._remove_marks, "hooks on the models found")
                 except BaseException:
                     owner.restore()
@@ -129,6 +133,7 @@ class Discovery:
         """A new run (`%run` again): the models found so far are stopped and forgotten."""
         with self._lock:
             self._stop_inspectors()
+            self._run_patches.restore()
             self._remove_marks()  # a model of the last run called again is a model again
             self._inspectors, self._known, self._names = {}, {}, Counter()
             self._arm()
@@ -142,10 +147,18 @@ class Discovery:
     def flush(self) -> None:
         """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips
         the hook that puts the finder back when a model's call returns)."""
+        self._stop_gone()
         for insp in list(self._inspectors.values()):
             if insp.active:
                 insp.flush()
         self._arm()
+
+    def _stop_gone(self) -> None:
+        """Stop the inspectors of models the code has dropped (ours hold them weakly): their
+        records stay, what they borrowed besides the models' own hooks goes back."""
+        for insp in list(self._inspectors.values()):
+            if insp.active and insp.model is None and id(insp) not in self._theirs:
+                insp.stop()
 
     def __enter__(self) -> Discovery:
         return self.start()
@@ -254,6 +267,7 @@ class Discovery:
     def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
         """The model's inspector, and whether it is new: a model the user inspects already
         (`inspect(model)`) keeps its inspector, listed here but never stopped by us."""
+        self._stop_gone()  # a sweep's earlier models, dropped since
         name = type(inner).__name__
         self._names[name] += 1
         if self._names[name] > 1:
@@ -261,7 +275,7 @@ class Discovery:
         insp = recording_inspector(inner)
         fresh = insp is None
         if fresh:
-            insp = Inspector(model, **self.options).start()
+            insp = Inspector(model, **self.options).start(hold_model=False)
         else:
             self._theirs.add(id(insp))
         self._inspectors[name] = insp
@@ -301,8 +315,9 @@ class Discovery:
         call on (torch chooses what a call runs before the hook that finds it)."""
         if (self.active and wrapper is not model and has_parameters(model)
                 and getattr(wrapper, "_orig_mod", None) is model):
-            self._owner.set_attr(wrapper, "forward", model.__call__,
-                                 "torch.compile wrapper runs eagerly while models are looked for")
+            self._run_patches.set_attr(
+                wrapper, "forward", model.__call__,
+                "torch.compile wrapper runs eagerly while models are looked for")
 
 
 def _remove_filter(entry: tuple) -> None:

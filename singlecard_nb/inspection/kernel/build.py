@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -113,20 +114,47 @@ def key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
     return digest.hexdigest()[:24]
 
 
+_running: set[int] = set()  # process groups of the compilers running now (one per build step)
+_exiting = False  # the interpreter is ending: no compiler starts any more
+_starting = threading.Lock()  # a compiler starts and is noted in _running as one step
+
+
+def _stop(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:  # already gone
+        pass
+
+
+@atexit.register
+def _stop_running_compilers() -> None:
+    """The build runs in a daemon thread, which the interpreter's exit does not wait for: its
+    compiler (a hung one, and its children) would outlive the process that started it."""
+    global _exiting
+    with _starting:
+        _exiting = True
+        for group in list(_running):
+            _stop(group)
+
+
 def run_compiler(command: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run the compiler in a session of its own: on a time-out the whole group goes (cc's own
-    children, cc1 and as, would otherwise keep running)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    """Run the compiler in a session of its own: on a time-out, an exception (Ctrl-C) or the
+    interpreter's exit the whole group goes (cc's own children, cc1 and as, would otherwise
+    keep running)."""
+    with _starting:
+        if _exiting:  # the daemon thread building still runs for a moment: it builds no more
+            raise RuntimeError("the interpreter is exiting")
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        _running.add(process.pid)  # its session's (and group's) id is its pid
     try:
         out, err = process.communicate(timeout=timeout)
     except BaseException:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _stop(process.pid)
         process.communicate()
         raise
+    finally:
+        _running.discard(process.pid)
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
@@ -148,7 +176,11 @@ def compile_library(cc: str, source: Path, flags: Sequence[str], extra: list[str
                  [cc, "-shared", str(objects), library,
                   f"-Wl,-rpath,{os.path.dirname(library)}", "-o", str(output)]]
     for command in steps:
-        done = run_compiler(command, COMPILE_TIMEOUT_S)
+        try:
+            done = run_compiler(command, COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # a hung compiler: no other way is tried
+            raise RuntimeError(f"{os.path.basename(cc)} did not finish within "
+                               f"{COMPILE_TIMEOUT_S:g} s (stopped, with its children)") from None
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1:]
             return last[0] if last else f"exit status {done.returncode}"

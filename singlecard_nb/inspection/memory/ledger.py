@@ -13,6 +13,7 @@ without hooks: an in-place change of a saved tensor is still an error.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -56,6 +57,15 @@ def _unpack(saved: tuple) -> torch.Tensor:
     return t
 
 
+def _plain(t: torch.Tensor) -> tuple:
+    """What `_pack` keeps for a tensor it does not count."""
+    try:
+        version = t._version
+    except RuntimeError:
+        version = None
+    return (t if t.is_leaf else t.detach()), version
+
+
 class MemoryLedger:
     """Saved-for-backward and output bytes of one inspector's recorded steps.
 
@@ -84,6 +94,11 @@ class MemoryLedger:
         self.last_step = self._step_no = -1
         self.outside = 0  # saved in no inspected module (this step)
         self._thread = 0  # the thread whose saved-tensor hooks are pushed (they are per thread)
+        # Autograd's hook stack is per thread: a stop from another thread cannot pop it. The
+        # model's thread then pops at the end of its call (an always-called hook put on the
+        # model by that stop, which removes itself) or at its next save (`_pack`).
+        self._closer = None
+        self._orphaned = False  # stopped elsewhere while pushed: the model's thread pops
 
     # --- a recorded call of the model -------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -102,6 +117,7 @@ class MemoryLedger:
         model = self._model()
         if model is None:
             return
+        self._orphaned = False
         # parameters are told by their class (views of them by their base), buffers by storage
         targets = self._targets()
         self._exclude = self._buffer_keys(model, targets)
@@ -141,18 +157,56 @@ class MemoryLedger:
         return keys
 
     def exit(self) -> None:
-        """The call closed (or Ctrl-C left it open and it was settled): hooks off."""
+        """The call closed (or Ctrl-C left it open and it was settled, or the inspector
+        stopped): hooks off. From another thread than the call's, its saved-tensor hooks stay
+        pushed until that thread's call ends (they are that thread's), and this says so."""
         if self._pre_hook is not None:
             self._pre_hook.remove()
             self._pre_hook = None
-        if self._pushed and self._thread == threading.get_ident():
-            self._pushed = False
-            _pop()
         self._stack.clear()
+        if not self._pushed:
+            self._remove_closer()
+        elif self._thread == threading.get_ident():
+            self._pop()
+        elif self._thread not in sys._current_frames():  # that thread ended: its stack too
+            self._pushed = self._orphaned = False
+        elif not self._orphaned:
+            self._orphaned = True
+            model = self._model()
+            if model is not None:  # torch reads the hooks after the forward: this one runs
+                self._closer = model.register_forward_hook(self._call_ended, always_call=True)
+            self._say("memory-open-call", "memory=True was stopped while a call of the model "
+                      "runs in another thread: that thread's saved-tensor hooks come off when "
+                      "its call ends (autograd's hooks are per thread). See "
+                      "docs/memory.md#threads.")
+
+    def _pop(self) -> None:
+        """Pop this thread's saved-tensor hooks (ours: pushed by `enter` in this thread)."""
+        self._pushed = self._orphaned = False
+        _pop()
+
+    def _remove_closer(self) -> None:
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            closer.remove()
+
+    def _call_ended(self, module: nn.Module, args: Any, output: Any) -> None:
+        """After a call of the model, once stopped from another thread: pops in the model's
+        thread. It removes itself, except where torch runs it while an error leaves the
+        forward (torch then walks the hook table itself: a removal would break that walk); it
+        goes then at the model's next call, or when the inspector is stopped again."""
+        if self._pushed and self._thread == threading.get_ident():
+            self._pop()
+        if not self._pushed and sys.exc_info()[1] is None:
+            self._remove_closer()
 
     def _pack(self, t: torch.Tensor) -> Any:
         # Once per saved tensor (mlp5000: 7 500 a step), so one frame with the common cases
         # first. A leaf has no graph to tie into a cycle: it is kept itself, not an alias.
+        if self._orphaned:  # stopped elsewhere: ours is the top of this thread's stack
+            if self._pushed and self._thread == threading.get_ident():
+                self._pop()  # this save keeps the pair it already took
+            return _plain(t)
         try:
             version = t._version
         except RuntimeError:  # an inference tensor has no version counter

@@ -191,7 +191,8 @@ class Attachment:
         self._name = name
         self._say = diagnostics.say
         self._owner: Borrowed | None = None
-        self._model: nn.Module | None = None  # held while attached, weakly by the rest
+        self._model: nn.Module | None = None  # held while attached (unless `hold` is False)
+        self._model_ref: Callable[[], nn.Module | None] = lambda: None
         self._forward_hook: Callable | None = None
         self._global_handle = None
         self._probes: list = []  # handles of the "called some other way" probe
@@ -206,14 +207,16 @@ class Attachment:
 
     def attach(self, model: nn.Module, wrapper: nn.Module | None, targets: dict[int, Target],
                calls: CallTracker, recorder: Recorder, *, params: bool,
-               on_detach: Callable[[], None]) -> None:
+               on_detach: Callable[[], None], hold: bool = True) -> None:
         """Attach every hook and patch; on failure nothing stays. `on_detach` runs when the
-        owner gives them back (by `detach`, or by `borrow.restore_all` on unload)."""
+        owner gives them back (by `detach`, or by `borrow.restore_all` on unload). `hold`
+        False: the model is held weakly, by its hooks' owner too (inspect_all: a model goes
+        when the script drops it; its hooks go with it, the rest when the inspector stops)."""
         with uninterrupted():  # a Ctrl-C meanwhile comes once the owner holds every hook
             owner = Borrowed(self._name)
             try:
                 self._attach_all(owner, model, wrapper, targets, calls, recorder, params,
-                                 on_detach)
+                                 on_detach, hold)
             except BaseException:
                 owner.restore()
                 raise
@@ -221,11 +224,12 @@ class Attachment:
 
     def _attach_all(self, owner: Borrowed, model: nn.Module, wrapper: nn.Module | None,
                     targets: dict[int, Target], calls: CallTracker, recorder: Recorder,
-                    params: bool, on_detach: Callable[[], None]) -> None:
-        self._model = model  # strongly, until the owner gives everything back
+                    params: bool, on_detach: Callable[[], None], hold: bool) -> None:
+        self._model = model if hold else None  # strongly, until the owner gives all back
+        self._model_ref = weakref.ref(model)
 
         def detached() -> None:  # runs last: after every hook is gone
-            self._model = None
+            self._model, self._model_ref = None, lambda: None
             on_detach()
 
         owner.on_restore(detached, "inspector state")
@@ -347,7 +351,7 @@ class Attachment:
                       "runs eagerly while inspected, so that every module inside it is "
                       "recorded. insp.stop() gives the compiled code back.")
             return False
-        if model is not self._model:
+        if model is not self._model_ref():
             return False
         _run_wrapper_eagerly(owner, model, wrapper)
         self._say("compiled", f"torch.compile({type(model).__name__}) while it is inspected: "
