@@ -28,4 +28,4 @@ say "pytest (the whole suite: about 1 070 tests in two workers, about 13 min on 
 # The tests that depend on how torch was built (marker torch_build) run here against this
 # .venv's torch; .ci/run's latest lane runs them against PyPI's CUDA build of torch 2.15.0.
 # Two workers, a test file each (pytest-xdist): about 5 minutes instead of 8 on two cores.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=15 "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"

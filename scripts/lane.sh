@@ -51,4 +51,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "lane $lane: ready after $((SECONDS - began)) s" >&2
 fi
 echo "lane $lane: pytest in $venv" >&2
-exec "$venv/bin/python" -m pytest -n 2 --dist loadfile -p no:cacheprovider "$@"
+exec "$venv/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder -p no:cacheprovider "$@"

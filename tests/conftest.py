@@ -184,7 +184,23 @@ def pytest_report_header(config) -> str:
             f"({build}), " + ", ".join(f"{name} {version(name)}" for name in REPORTED[1:]))
 
 
+# The files that take longest, longest first (per-file wall time of `./test.sh --junitxml`,
+# summed by scripts/file_times.py). ./test.sh and the lanes run a file per worker in
+# collection order (--dist loadfile --no-loadscope-reorder): started first, the long files
+# end together with the short ones that fill in behind them, instead of one of them running
+# alone at the end while the other worker idles.
+SLOW_FILES_FIRST = (
+    "test_ranks.py", "test_notebooks.py", "test_compare_ranks.py", "test_browser.py",
+    "test_bench_smoke.py", "test_kernel_adversarial.py", "test_inspect_all_scripts.py",
+    "test_compare_notebook.py", "test_libraries.py", "test_lazy_magics.py",
+    "test_inspection_stats.py", "test_kernel_build.py", "test_allocation.py",
+    "test_hardening_ranks.py", "test_tutorial_scripts.py", "test_sharding_scripts.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest as found
     if not _has_gpu():
         skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: NVML reports none on this machine")
         for item in items:
