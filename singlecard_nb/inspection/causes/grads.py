@@ -1,16 +1,21 @@
-"""Rules on parameter gradients (grads=True, or params=True's step_grad): NaN/Inf, and gradients
-vanishing or exploding: orders of magnitude from the other parameters' at the same step."""
+"""Rules on parameter gradients (grads=True, or params=True's step_grad): NaN/Inf, gradients
+vanishing (orders of magnitude below the other parameters' at the same step) or exploding (at
+some step, orders of magnitude above the smaller gradients of that step), and gradients clipped
+to a tiny total norm at every step (clip_grad_norm_ on a GradScaler's still-scaled gradients)."""
 
 from __future__ import annotations
 
 import math
 
 from .rows import BACKWARD, MOVING, NONFINITE, OUTLIER, Row, row_of
-from .series import ABSMAX, INF, NAN, STEP, Track, median, num, times
+from .series import ABSMAX, INF, MEAN, NAN, STD, STEP, Track, median, num, times
 
 VANISHED = 1e4  # this many times below the largest gradient of the step: vanishing
-EXPLODED = 1e3  # this many times the median parameter's gradient ...
+EXPLODED = 1e3  # this many times the lower quartile of the step's gradients ...
 LARGE = 10.0  # ... and elements this large: exploding (a deep stack's healthy top is not)
+CLIPPED_STEPS = 3  # a total norm the same at this many steps in a row ...
+CLIPPED_SPREAD = 0.01  # ... within 1 % (clip_grad_norm_ gives max_norm to ~1e-6) ...
+CLIPPED_TINY = 1e-3  # ... and this small: every update is (nearly) nothing
 
 
 def assess(grads: dict[str, Track]) -> list[Row]:
@@ -22,7 +27,6 @@ def assess(grads: dict[str, Track]) -> list[Row]:
     now = [(t, t.entries[-1]) for t in live if t.entries[-1][STEP] == step]
     sizes = [(t, e[ABSMAX]) for t, e in now if 0 < e[ABSMAX] < math.inf and not e[NAN] + e[INF]]
     centre = median([math.log(v) for _, v in sizes]) if len(sizes) >= 3 else None
-    smallest = min(sizes, key=lambda item: item[1]) if sizes else None
     largest = max(sizes, key=lambda item: item[1]) if sizes else None
     rows = []
     for t in live:
@@ -37,7 +41,6 @@ def assess(grads: dict[str, Track]) -> list[Row]:
         if centre is None or entry[STEP] != step or not 0 < entry[ABSMAX] < math.inf:
             continue
         typical = math.exp(centre)
-        off = entry[ABSMAX] / typical
         below = largest[1] / entry[ABSMAX]
         if below >= VANISHED:
             rows.append(row_of(
@@ -47,14 +50,123 @@ def assess(grads: dict[str, Track]) -> list[Row]:
                 f"median {num(typical)}); it barely learns: saturating activations (sigmoid, "
                 "tanh) or depth without residual connections or normalisation",
                 since=_since(t, largest[1] / VANISHED, below=True), phase=BACKWARD))
-        elif off >= EXPLODED and entry[ABSMAX] >= LARGE:
-            rows.append(row_of(
-                t, MOVING, math.log(off),
-                f"exploding gradient: absmax {num(entry[ABSMAX])}, {times(off)} the median "
-                f"parameter's {num(typical)} at step {step} (smallest: {smallest[0].path} "
-                f"{num(smallest[1])}); clip gradients or lower the learning rate",
-                since=_since(t, typical * EXPLODED, below=False), phase=BACKWARD))
+    return _merged(rows, _exploding(live))
+
+
+def _merged(rows: list[Row], exploded: list[Row]) -> list[Row]:
+    """One row per gradient: an earlier explosion joins its NaN or vanishing row (the worse
+    tier kept, from the earlier step, both said)."""
+    by_path = {r.path: r for r in rows}
+    for row in exploded:
+        other = by_path.get(row.path)
+        if other is None:
+            rows.append(row)
+            continue
+        first, second = (other, row) if other.tier <= row.tier else (row, other)
+        first.why += f"; {'before that' if second is row else 'now'}: {second.why}"
+        first.since = min(s for s in (first.since, second.since) if s is not None)
+        if first is row:
+            rows[rows.index(other)] = row
     return rows
+
+
+def _exploding(live: list[Track]) -> list[Row]:
+    """A row per parameter whose gradient, at some kept step, was EXPLODED times the lower
+    quartile of that step's gradients and at least LARGE, from the first such step: one
+    exploding step wrecks the weights, and the gradients after it may look tame (or vanish)."""
+    if not any(e[ABSMAX] >= LARGE for t in live for e in t.entries):
+        return []  # the usual case, at the cost of one pass
+    by_step: dict[int, list[tuple[Track, float]]] = {}
+    for t in live:
+        for e in t.entries:
+            if 0 < e[ABSMAX] < math.inf and not e[NAN] + e[INF]:
+                by_step.setdefault(e[STEP], []).append((t, e[ABSMAX]))
+    found: dict[str, Row] = {}
+    for step in sorted(by_step):
+        sizes = by_step[step]
+        if len(sizes) < 3:
+            continue
+        ordered = sorted(v for _, v in sizes)
+        if ordered[-1] < LARGE:
+            continue
+        low = ordered[(len(ordered) - 1) // 4]  # the lower quartile: the tamer layers
+        smallest = min(sizes, key=lambda item: item[1])
+        centre = median(ordered)
+        for t, value in sizes:
+            if t.path in found or value < LARGE or value < EXPLODED * low:
+                continue
+            latest = t.entries[-1]
+            now = "" if latest[STEP] == step else \
+                f"; at step {latest[STEP]}, the latest, absmax {num(latest[ABSMAX])}"
+            found[t.path] = row_of(
+                t, MOVING, math.log(value / low),
+                f"exploding gradient at step {step}: absmax {num(value)}, {times(value / low)} "
+                f"the smaller gradients of that step (lower quartile {num(low)}; smallest "
+                f"{smallest[0].path} {num(smallest[1])}; median {num(centre)}){now}; clip "
+                "gradients (clip_grad_norm_), lower the learning rate, or initialise the "
+                "weights (a recurrent weight, a deep stack without normalisation) smaller",
+                since=step, phase=BACKWARD)
+    return list(found.values())
+
+
+def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Row]:
+    """One row when the gradients the optimiser stepped with (step_grad) have the same tiny
+    total norm at every recent step: clipped to a max_norm that leaves the updates nothing,
+    most often clip_grad_norm_ on gradients a GradScaler still scales (before unscale_)."""
+    norms = total_norms(step_grads)
+    if len(norms) < CLIPPED_STEPS:
+        return []
+    step, norm = norms[-1]
+    if not 0 < norm <= CLIPPED_TINY:
+        return []
+    run = 0  # steps, from the latest back, whose norm is the latest's within CLIPPED_SPREAD
+    while run < len(norms) and abs(norms[-1 - run][1] - norm) <= CLIPPED_SPREAD * norm:
+        run += 1
+    if run < CLIPPED_STEPS:
+        return []
+    since = norms[-run][0]
+    why = (f"the gradients the optimiser stepped with have the same total norm {num(norm)} at "
+           f"every step since step {since} ({run} steps)")
+    power = round(-math.log2(norm))
+    scale = 2 ** power if 8 <= power <= 24 and abs(norm * 2 ** power - 1) <= CLIPPED_SPREAD \
+        else None
+    if scale is not None:
+        why += f": 1/2^{power}, a max_norm of 1 divided by a loss scale of {scale}"
+    scaled = dict(total_norms(backward)).get(step)
+    if scaled:
+        why += (f"; backward's were {times(scaled / norm)} larger (total norm {num(scaled)} at "
+                f"step {step})")
+    much = f"about {scale}×" if scale is not None else "far"
+    why += (": clip_grad_norm_ clipped the gradients while a GradScaler still scaled them, so "
+            f"every update is {much} too small; call scaler.unscale_(optimizer) before "
+            "clipping (without a GradScaler: this max_norm is too small)")
+    history = [n for _, n in norms]
+    return [Row(path="(all parameters)", type="gradient norm", shape=(len(step_grads),),
+                dtype="", absmax=norm, std=math.nan, mean=math.nan, zeros=math.nan, nan=0, inf=0,
+                tier=MOVING, score=math.log(CLIPPED_TINY / norm), why=why, order=-1,
+                history=history, trend=(history[0], norm), steps=len(norms), kind="optimizer",
+                since=since, phase=BACKWARD)]
+
+
+def total_norms(grads: dict[str, Track]) -> list[tuple[int, float]]:
+    """(step, total 2-norm over the parameters) per kept step, oldest first, from each
+    gradient's mean, std and number of elements; steps with NaN/Inf are left out."""
+    sums: dict[int, float] = {}
+    bad: set[int] = set()
+    for t in grads.values():
+        size = math.prod(t.shape) if isinstance(t.shape, (tuple, list)) else None
+        if not size:
+            continue
+        for e in t.entries:
+            if e[NAN] or e[INF]:
+                bad.add(e[STEP])
+                continue
+            # Σx² from the mean and the unbiased std (a single value has no std: NaN)
+            spread = (size - 1) * e[STD] ** 2 if size > 1 else 0.0
+            square = size * e[MEAN] ** 2 + spread
+            if math.isfinite(square):
+                sums[e[STEP]] = sums.get(e[STEP], 0.0) + square
+    return [(s, math.sqrt(v)) for s, v in sorted(sums.items()) if s not in bad]
 
 
 def _since(t: Track, limit: float, below: bool) -> int:
