@@ -113,6 +113,9 @@ def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Ro
     """One row when the gradients the optimiser stepped with (step_grad) have the same tiny
     total norm at every recent step: clipped to a max_norm that leaves the updates nothing,
     most often clip_grad_norm_ on gradients a GradScaler still scales (before unscale_)."""
+    latest = total_norms(step_grads, last_only=True)  # the usual case: one pass, not tiny
+    if not latest or not 0 < latest[-1][1] <= CLIPPED_TINY:
+        return []
     norms = total_norms(step_grads)
     if len(norms) < CLIPPED_STEPS:
         return []
@@ -148,16 +151,17 @@ def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Ro
                 since=since, phase=BACKWARD)]
 
 
-def total_norms(grads: dict[str, Track]) -> list[tuple[int, float]]:
+def total_norms(grads: dict[str, Track], last_only: bool = False) -> list[tuple[int, float]]:
     """(step, total 2-norm over the parameters) per kept step, oldest first, from each
-    gradient's mean, std and number of elements; steps with NaN/Inf are left out."""
+    gradient's mean, std and number of elements; steps with NaN/Inf are left out.
+    last_only: of each gradient's latest step only."""
     sums: dict[int, float] = {}
     bad: set[int] = set()
     for t in grads.values():
         size = math.prod(t.shape) if isinstance(t.shape, (tuple, list)) else None
-        if not size:
+        if not size or not t.entries:
             continue
-        for e in t.entries:
+        for e in (t.entries[-1],) if last_only else t.entries:
             if e[NAN] or e[INF]:
                 bad.add(e[STEP])
                 continue
