@@ -74,39 +74,50 @@ def _exploding(live: list[Track]) -> list[Row]:
     """A row per parameter whose gradient, at some kept step, was EXPLODED times the lower
     quartile of that step's gradients and at least LARGE, from the first such step: one
     exploding step wrecks the weights, and the gradients after it may look tame (or vanish)."""
-    if not any(e[ABSMAX] >= LARGE for t in live for e in t.entries):
-        return []  # the usual case, at the cost of one pass
-    by_step: dict[int, list[tuple[Track, float]]] = {}
-    for t in live:
-        for e in t.entries:
-            if 0 < e[ABSMAX] < math.inf and not e[NAN] + e[INF]:
-                by_step.setdefault(e[STEP], []).append((t, e[ABSMAX]))
+    top, bottom = max(t.largest for t in live), min(t.least for t in live)
+    if top < LARGE or top < EXPLODED * bottom:
+        return []  # the usual case (no step can hold one), at the cost of a look per gradient
+    # columns of (step, absmax); a NaN/Inf absmax (a step with NaN/Inf) or 0 is no size
+    columns = [(t, [e[STEP] for e in t.entries], [e[ABSMAX] for e in t.entries]) for t in live]
+    by_step: dict[int, list[float]] = {}
+    first = columns[0][1]
+    if all(steps == first for _, steps, _ in columns):  # the usual case: every step, every one
+        for step, column in zip(first, zip(*(values for _, _, values in columns))):
+            by_step[step] = [v for v in column if 0 < v < math.inf]
+    else:
+        for _, steps, values in columns:
+            for step, value in zip(steps, values):
+                if 0 < value < math.inf:
+                    by_step.setdefault(step, []).append(value)
+    lows = {}  # step -> the lower quartile of its gradients: the tamer layers
+    for step, values in by_step.items():
+        if len(values) >= 3:
+            values.sort()
+            lows[step] = values[(len(values) - 1) // 4]
     found: dict[str, Row] = {}
-    for step in sorted(by_step):
-        sizes = by_step[step]
-        if len(sizes) < 3:
-            continue
-        ordered = sorted(v for _, v in sizes)
-        if ordered[-1] < LARGE:
-            continue
-        low = ordered[(len(ordered) - 1) // 4]  # the lower quartile: the tamer layers
-        smallest = min(sizes, key=lambda item: item[1])
-        centre = median(ordered)
-        for t, value in sizes:
-            if t.path in found or value < LARGE or value < EXPLODED * low:
-                continue
-            latest = t.entries[-1]
-            now = "" if latest[STEP] == step else \
-                f"; at step {latest[STEP]}, the latest, absmax {num(latest[ABSMAX])}"
-            found[t.path] = row_of(
-                t, MOVING, math.log(value / low),
-                f"exploding gradient at step {step}: absmax {num(value)}, {times(value / low)} "
-                f"the smaller gradients of that step (lower quartile {num(low)}; smallest "
-                f"{smallest[0].path} {num(smallest[1])}; median {num(centre)}){now}; clip "
-                "gradients (clip_grad_norm_), lower the learning rate, or initialise the "
-                "weights (a recurrent weight, a deep stack without normalisation) smaller",
-                since=step, phase=BACKWARD)
+    for t, steps, values in columns:
+        hits = [(step, value) for step, value in zip(steps, values)
+                if LARGE <= value < math.inf and value >= EXPLODED * lows.get(step, math.inf)]
+        if hits:
+            step, value = hits[0]
+            found[t.path] = _exploded_row(t, step, value, lows[step], by_step[step], live)
     return list(found.values())
+
+
+def _exploded_row(t: Track, step: int, value: float, low: float, values: list[float],
+                  live: list[Track]) -> Row:
+    smallest = min(((u.path, e[ABSMAX]) for u in live for e in u.entries
+                    if e[STEP] == step and e[ABSMAX] == values[0]), default=("?", values[0]))
+    latest = t.entries[-1]
+    now = "" if latest[STEP] == step else \
+        f"; at step {latest[STEP]}, the latest, absmax {num(latest[ABSMAX])}"
+    return row_of(
+        t, MOVING, math.log(value / low),
+        f"exploding gradient at step {step}: absmax {num(value)}, {times(value / low)} the "
+        f"smaller gradients of that step (lower quartile {num(low)}; smallest {smallest[0]} "
+        f"{num(smallest[1])}; median {num(median(values))}){now}; clip gradients "
+        "(clip_grad_norm_), lower the learning rate, or initialise the weights (a recurrent "
+        "weight, a deep stack without normalisation) smaller", since=step, phase=BACKWARD)
 
 
 def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Row]:

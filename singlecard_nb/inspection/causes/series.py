@@ -38,6 +38,10 @@ class Track:
     entries: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     first: tuple[int, float] | None = None  # (step, absmax) of the first step seen
     bad_step: int | None = None  # the first step with NaN/Inf
+    # the largest finite and the smallest positive absmax ever added: a rule on the spread of
+    # sizes (exploding gradients) skips a run whose sizes never spread that far, at once
+    largest: float = 0.0
+    least: float = math.inf
 
     def add(self, step: int, shape: Any, dtype: str, mean: float, std: float, absmax: float,
             nan: int, inf: int, zeros: float, maximum: float = math.nan) -> None:
@@ -55,6 +59,10 @@ class Track:
                 self.first = (step, absmax)
         if (nan or inf) and self.bad_step is None:
             self.bad_step = step
+        if self.largest < absmax < math.inf:
+            self.largest = absmax
+        if 0 < absmax < self.least:
+            self.least = absmax
 
     def series(self, column: int) -> list:
         return [e[column] for e in self.entries]
