@@ -14,7 +14,7 @@ VANISHED = 1e4  # this many times below the largest gradient of the step: vanish
 EXPLODED = 1e3  # this many times the lower quartile of the step's gradients ...
 LARGE = 10.0  # ... and elements this large: exploding (a deep stack's healthy top is not)
 CLIPPED_STEPS = 3  # a total norm the same at this many steps in a row ...
-CLIPPED_SPREAD = 0.01  # ... within 1 % (clip_grad_norm_ gives max_norm to ~1e-6) ...
+CLIPPED_SPREAD = 1e-3  # ... within 0.1 % (clip_grad_norm_ gives max_norm to ~1e-6) ...
 CLIPPED_TINY = 1e-3  # ... and this small: every update is (nearly) nothing
 
 
@@ -94,28 +94,37 @@ def _exploding(live: list[Track]) -> list[Row]:
         if len(values) >= 3:
             values.sort()
             lows[step] = values[(len(values) - 1) // 4]
+    smallests: dict[int, tuple[str, float]] = {}
+
+    def smallest(step: int) -> tuple[str, float]:
+        """(path, absmax) of the smallest gradient of `step`, found once per step."""
+        if step not in smallests:
+            smallests[step] = min(((t.path, v) for t, steps, values in columns
+                                   for s, v in zip(steps, values) if s == step and 0 < v < math.inf),
+                                  key=lambda item: item[1])
+        return smallests[step]
+
     found: dict[str, Row] = {}
     for t, steps, values in columns:
         hits = [(step, value) for step, value in zip(steps, values)
                 if LARGE <= value < math.inf and value >= EXPLODED * lows.get(step, math.inf)]
         if hits:
             step, value = hits[0]
-            found[t.path] = _exploded_row(t, step, value, lows[step], by_step[step], live)
+            found[t.path] = _exploded_row(t, step, value, lows[step], by_step[step],
+                                          smallest(step))
     return list(found.values())
 
 
 def _exploded_row(t: Track, step: int, value: float, low: float, values: list[float],
-                  live: list[Track]) -> Row:
-    smallest = min(((u.path, e[ABSMAX]) for u in live for e in u.entries
-                    if e[STEP] == step and e[ABSMAX] == values[0]), default=("?", values[0]))
+                  least: tuple[str, float]) -> Row:
     latest = t.entries[-1]
     now = "" if latest[STEP] == step else \
         f"; at step {latest[STEP]}, the latest, absmax {num(latest[ABSMAX])}"
     return row_of(
         t, MOVING, math.log(value / low),
         f"exploding gradient at step {step}: absmax {num(value)}, {times(value / low)} the "
-        f"smaller gradients of that step (lower quartile {num(low)}; smallest {smallest[0]} "
-        f"{num(smallest[1])}; median {num(median(values))}){now}; clip gradients "
+        f"smaller gradients of that step (lower quartile {num(low)}; smallest {least[0]} "
+        f"{num(least[1])}; median {num(median(values))}){now}; clip gradients "
         "(clip_grad_norm_), lower the learning rate, or initialise the weights (a recurrent "
         "weight, a deep stack without normalisation) smaller", since=step, phase=BACKWARD)
 
@@ -141,12 +150,13 @@ def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Ro
     since = norms[-run][0]
     why = (f"the gradients the optimiser stepped with have the same total norm {num(norm)} at "
            f"every step since step {since} ({run} steps)")
+    scaled = dict(total_norms(backward)).get(step)
+    if scaled and scaled < 2 * norm:
+        return []  # nothing shrank them between backward and the step: not clipped there
     power = round(-math.log2(norm))
-    scale = 2 ** power if 8 <= power <= 24 and abs(norm * 2 ** power - 1) <= CLIPPED_SPREAD \
-        else None
+    scale = 2 ** power if 8 <= power <= 24 and abs(norm * 2 ** power - 1) <= 0.01 else None
     if scale is not None:
         why += f": 1/2^{power}, a max_norm of 1 divided by a loss scale of {scale}"
-    scaled = dict(total_norms(backward)).get(step)
     if scaled:
         why += (f"; backward's were {times(scaled / norm)} larger (total norm {num(scaled)} at "
                 f"step {step})")
