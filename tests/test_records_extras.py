@@ -161,3 +161,12 @@ def test_the_condensed_extras_a_frame_keeps_build_the_tracks_all_steps_build():
     assert kept.channels == every.channels and kept.channels["input[0]"].first_step == 2
     assert kept.optimizer == every.optimizer and kept.optimizer[0]["lr"] == pytest.approx(0.1 / 6)
     assert kept.optimizer_first_step == every.optimizer_first_step == 0
+
+
+def test_findings_takes_an_inspector_and_refuses_what_holds_no_records(tmp_path):
+    insp = _dead_channel_job()
+    assert scn.findings(insp, 1)[0].text() == insp.findings(1)[0].text()
+    with pytest.raises(TypeError, match=r"a frame from scn\.load\(\).*got int"):
+        scn.findings(42)
+    with pytest.raises(FileNotFoundError, match="no saved records"):
+        scn.findings(tmp_path / "missing.db")
