@@ -1,5 +1,5 @@
-"""Rules on parameters (params=True): NaN/Inf after an optimiser step, growth (and shrinking
-towards zero) against their own history, and the update ratio |Δw| / |w| of each step against
+"""Rules on parameters (params=True): NaN/Inf after an optimiser step, growth (and, of
+matrices, shrinking towards zero) against their own history, and the update ratio |Δw| / |w| of each step against
 the other parameters'."""
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
         return row_of(t, NONFINITE, float(nan + inf), why, since=since, phase=AFTER_STEP)
     parts, tier, score, since = [], QUIET, 0.0, None
     grown = _growth(t)
-    shrunk = _growth(t, shrinking=True) if grown is None else None
+    # shrinking: of matrices only (a bias or a norm's scale near 0 moves by ×2 in training)
+    matrix = isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
+    shrunk = _growth(t, shrinking=True) if grown is None and matrix else None
     if grown is not None:
         factor, start, onset = grown
         parts.append(f"RMS {times(factor)} since step {start} (growing from step {onset})")

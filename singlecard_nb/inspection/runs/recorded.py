@@ -68,7 +68,6 @@ def from_folder(folder: str | os.PathLike, stem: str = "records") -> dict[str, R
             for model, rank, frame, path in sorted(found, key=lambda f: (f[0], f[1]))}
 
 
-
 def findings(source: Any, top: int | None = 10) -> list:
     """The ranking's findings, likeliest cause first, of saved records: a frame from
     `scn.load()`, a path, directory or glob of files `insp.save()` wrote, or an Inspector.
