@@ -34,6 +34,7 @@ _EXPORTS = {
     "compare": "inspection.runs.compare",
     "compare_ranks": "inspection.runs.compare",
     "load": "inspection.runs.records",
+    "findings": "inspection.runs.recorded",
     "explain": "diagnosis.explain",
     "fit": "session",
     "Explanation": "diagnosis.explain",

@@ -286,3 +286,82 @@ def test_a_view_sized_by_the_global_batch_is_connected_to_the_world_size(monkeyp
         model(torch.randn(4, 64))
     hint = scn.explain(caught.value).hint
     assert "8 is 4 × 2, the global batch" in hint and "x.size(0)" in hint
+
+
+class _CharRNN(nn.Module):
+    """A character model in the shape of the PyTorch tutorials, its recurrent weight
+    initialised 3× too large (orthogonal with gain 3): the first backward explodes through the
+    50 time steps, the update wrecks the weights, and later gradients look tame."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 32)
+        self.rnn = nn.RNN(32, 64, batch_first=True)
+        self.head = nn.Linear(64, 20)
+        nn.init.orthogonal_(self.rnn.weight_hh_l0, gain=3.0)
+
+    def forward(self, x):
+        hidden, _ = self.rnn(self.embed(x))
+        return self.head(hidden)
+
+
+def test_exploding_gradients_in_an_rnn_name_the_parameter_and_how_far_above_the_others():
+    torch.manual_seed(0)
+    model = _CharRNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with scn.inspect(model, grads=True) as insp:
+        for _ in range(6):
+            text = torch.randint(0, 20, (16, 50))
+            logits = model(text)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), text.roll(1, 1).flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    first = _first(insp)
+    assert first.kind == "grad" and first.path.startswith("rnn."), first
+    # at the step it happened, against the layers nearest the loss, though it is over now
+    assert first.why.startswith("exploding gradient at step 0: absmax ")
+    assert "the smaller gradients of that step" in first.why and "smallest head." in first.why
+    assert "10^5×" in first.why and "at step 5, the latest" in first.why
+    assert first.since == 0
+
+
+def test_a_weight_decay_of_50_on_one_group_is_named_first_against_the_other_group():
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("encoder", nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64),
+                                              nn.ReLU()))
+    model.add_module("head", nn.Linear(64, 1))
+    # the usual split, no decay on biases; 50 typed for 5e-4
+    decay = [p for name, p in model.named_parameters() if name.endswith("weight")]
+    no_decay = [p for name, p in model.named_parameters() if name.endswith("bias")]
+    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 50.0},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=0.01,
+                                momentum=0.9)
+    with scn.inspect(model, params=True) as insp:
+        for _ in range(10):
+            x = torch.randn(32, 16)
+            loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    rows = insp.findings(4)
+    first = rows[0]
+    assert first.kind == "optimizer" and first.type == "SGD group 0", first
+    assert "weight_decay 50 (the other group's: 0) with lr 0.01" in first.why
+    assert "takes 50% off its weights at every step" in first.why
+    assert "check the weight_decay" in first.why
+    # the weights it shrinks come next, each with how much and since when
+    assert rows[1].kind == "param" and rows[1].path.endswith(".weight")
+    assert "smaller since step 0" in rows[1].why and "weight decay" in rows[1].why
+
+
+def test_amp_clipping_before_unscale_is_named_first_on_the_terminal(capsys):
+    status, err = _terminal(capsys, "--params", "--grads",
+                            SCRIPTS / "amp_clip_before_unscale.py", 5)
+    assert status == 0  # nothing is NaN: the training only barely moves
+    first = err[err.index("findings, likeliest cause first:"):].splitlines()[1]
+    assert first.startswith("  1. (all parameters) (optimizer): the gradients the optimiser "
+                            "stepped with have the same total norm 1.5e-05"), first
+    assert "a loss scale of 65536" in first and "backward's were 10^10× larger" in first
+    assert "scaler.unscale_(optimizer) before clipping" in first

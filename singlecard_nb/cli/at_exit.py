@@ -22,9 +22,11 @@ def rows_hint(save: str | None) -> str:
     """What the trap says about the rows, on a terminal: where they will be, how to read them."""
     if save:
         return (f"The rows recorded so far are saved at exit to {save}: read them with "
-                f"`import singlecard_nb as scn; scn.load({save!r})`.")
+                f"`import singlecard_nb as scn; scn.load({save!r})`, their findings with "
+                f"`scn.findings({save!r})`.")
     return ("Run again with --save PATH to keep the rows recorded so far, then read them with "
-            "`import singlecard_nb as scn; scn.load(PATH)`.")
+            "`import singlecard_nb as scn; scn.load(PATH)`, their findings with "
+            "`scn.findings(PATH)`.")
 
 
 def report(finder: Any) -> None:

@@ -55,14 +55,18 @@ class InspectorResults:
 
         In a job of several processes each rank writes its own file: `run.db` becomes
         `run.rank<N>.db` (or put `{rank}` in the path, or give a directory). Read them back,
-        all ranks merged, with `singlecard_nb.load(path)`.
+        all ranks merged, with `singlecard_nb.load(path)`. The input channels' statistics and
+        the optimiser's param groups are saved beside the rows, so `scn.findings()` of the
+        loaded frame ranks as `insp.findings()` does.
         """
         from .runs.records import save
 
-        return save(self.frame(), path, meta={
+        records = self.records()  # rows and extras of the same steps
+        return save(to_frame(records), path, meta={
             "model": self._model_name, "every": self.every, "grads": self.grads,
             "params": self.params, "include": self.include, "exclude": self.exclude,
-            "steps_recorded": self.steps_recorded, "rows_dropped": self._store.dropped})
+            "steps_recorded": self.steps_recorded, "rows_dropped": self._store.dropped},
+            extras=[r.extras for r in records if r.extras])
 
     def last_step(self):
         """Rows of the latest recorded step whose statistics reached the host."""

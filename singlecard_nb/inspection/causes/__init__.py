@@ -3,10 +3,10 @@ order in which causes come before their effects.
 
 Rules, one module per kind of series: `outputs` (NaN/Inf, float16 overflow, movement, outliers
 of a type, dead modules and the module upstream that killed them), `inputs` (the model's own
-inputs, per channel), `params` (growth, update ratio), `grads` (vanishing, exploding),
-`optimizer` (param groups' lr and weight decay). Plain Python over `series.Tracks`: no numpy,
-no pandas, nothing of the recording machinery; the views (live, summary, plots), `%inspect all`
-and the terminal all show this one order.
+inputs, per channel), `params` (growth, shrinking, update ratio), `grads` (vanishing, exploding,
+clipped to a tiny total norm), `optimizer` (param groups' lr and weight decay). Plain Python
+over `series.Tracks`: no numpy, no pandas, nothing of the recording machinery; the views (live,
+summary, plots), `%inspect all` and the terminal all show this one order.
 
 The order: first the findings that have a beginning (`Row.since`: NaN/Inf, inputs, parameters,
 gradients, an optimiser setting its parameters suffer from, a module that kills the one after
@@ -30,6 +30,7 @@ def assess(tracks: Tracks) -> list[Row]:
     rows += inputs.assess(tracks.inputs, tracks.channels)
     rows += params.assess(tracks.params, tracks.updates)
     rows += grads.assess(tracks.grads or tracks.step_grads)
+    rows += grads.clipped(tracks.step_grads, tracks.grads)
     troubled = {r.path for r in rows if r.kind in ("param", "grad") and r.is_finding}
     rows += optimizer.assess(tracks.optimizer, tracks.optimizer_first_step, troubled)
     for row in rows:

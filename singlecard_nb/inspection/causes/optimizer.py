@@ -1,6 +1,7 @@
 """Rules on the optimiser the inspector saw stepping (params=True): a param group whose learning
-rate or weight decay stands far from the other groups'. A group is named by what it holds, in
-the inspector's paths ("head", "encoder.layers.{0-5}")."""
+rate or weight decay stands far from the other groups', and a weight decay that by itself takes
+a sizeable part off the weights at every step (lr × weight_decay). A group is named by what it
+holds, in the inspector's paths ("head", "encoder.layers.{0-5}")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from .rows import CONFIG, OUTLIER, Row
 from .series import median, num, times
 
 FAR = 10.0  # a group's lr (or weight decay) this many times the other groups'
+# lr × weight_decay from which decay alone shrinks the weights fast: 1 % per step halves them in
+# 70 steps (usual settings take 1e-5 to 1e-4: AdamW lr 1e-3 × 0.1, SGD lr 0.1 × 5e-4)
+SHRINKS = 0.01
 
 
 def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> list[Row]:
@@ -37,15 +41,22 @@ def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> li
                 parts.append(f"{label} {num(value)}, {times(value / base)} {against} "
                              f"({num(base)})")
                 score = max(score, math.log(value / base))
+        decay = _decay(group, others)
+        if decay is not None and not any(p.startswith("weight_decay") for p in parts):
+            parts.append(decay[0])
+        if decay is not None:
+            score = max(score, decay[1])
         if not parts:
             continue
         name = group_name(group.get("params", []))
         hit = sorted(p for p in group.get("params", []) if p in troubled)
         effect = (f"; its parameters {', '.join(hit[:3])} show it (see their rows)" if hit
                   else "")
-        why = (f"`{name}`: " + ", ".join(parts) + f" in param group {group.get('group', i)} of "
-               f"{group.get('optimizer', 'the optimizer')}{effect}: check the learning rates "
-               "given to the optimizer")
+        setting = " and ".join(k for k in ("lr", "weight_decay")
+                               if any(p.startswith(k) for p in parts))
+        why = (f"`{name}`: " + "; ".join(parts) + f" in param group {group.get('group', i)} of "
+               f"{group.get('optimizer', 'the optimizer')}{effect}: check the {setting} given "
+               "to the optimizer")
         rows.append(Row(
             path=name, type=f"{group.get('optimizer', 'optimizer')} group {group.get('group', i)}",
             shape=(len(group.get("params", [])),), dtype="", absmax=float(group.get("lr", math.nan)),
@@ -54,6 +65,27 @@ def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> li
             trend=None, steps=1, kind="optimizer",
             since=(first_step if hit and first_step is not None else None), phase=CONFIG))
     return rows
+
+
+def _decay(group: dict, others: list[dict]) -> tuple[str, float] | None:
+    """(words, score) when lr × weight_decay takes SHRINKS or more off the weights per step."""
+    lr, decay = group.get("lr"), group.get("weight_decay")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (lr, decay)):
+        return None
+    shrink = lr * decay
+    if shrink < SHRINKS:
+        return None
+    rest = [g.get("weight_decay") for g in others]
+    rest = [v for v in rest if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(rest) == 1:
+        against = f" (the other group's: {num(rest[0])})"
+    elif rest:
+        against = f" (the median of the other {len(rest)} groups': {num(median(rest))})"
+    else:
+        against = ""
+    return (f"weight_decay {num(decay)}{against} with lr {num(lr)}: decay alone takes "
+            f"{min(shrink, 1.0):.0%} off its weights at every step (lr × weight_decay = "
+            f"{num(shrink)}; usual settings give 1e-5 to 1e-4)", math.log(shrink / SHRINKS))
 
 
 def group_name(params: list[str]) -> str:

@@ -1,5 +1,6 @@
-"""Rules on parameters (params=True): NaN/Inf after an optimiser step, growth against their own
-history, and the update ratio |Δw| / |w| of each step against the other parameters'."""
+"""Rules on parameters (params=True): NaN/Inf after an optimiser step, growth (and, of
+matrices, shrinking towards zero) against their own history, and the update ratio |Δw| / |w| of each step against
+the other parameters'."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 from .rows import AFTER_STEP, MOVING, NONFINITE, OUTLIER, QUIET, Row, row_of
 from .series import STEP, Track, median, num, times
 
-GROWN = 2.0  # RMS this many times its first value: growing
+GROWN = 2.0  # RMS this many times its first value: growing (÷ this many: shrinking)
 ONSET = 1.25  # the growth's start: the first step past this many times the first RMS
 UPDATE_OUTLIER = 10.0  # |Δw|/|w| this many times the median parameter's
 UPDATE_FLOOR = 1e-3  # below this a step's update is small whatever the others do
@@ -59,9 +60,17 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
         return row_of(t, NONFINITE, float(nan + inf), why, since=since, phase=AFTER_STEP)
     parts, tier, score, since = [], QUIET, 0.0, None
     grown = _growth(t)
+    # shrinking: of matrices only (a bias or a norm's scale near 0 moves by ×2 in training)
+    matrix = isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
+    shrunk = _growth(t, shrinking=True) if grown is None and matrix else None
     if grown is not None:
         factor, start, onset = grown
         parts.append(f"RMS {times(factor)} since step {start} (growing from step {onset})")
+        tier, score, since = MOVING, math.log(factor), onset
+    elif shrunk is not None:
+        factor, start, onset = shrunk
+        parts.append(f"RMS {times(factor)} smaller since step {start} (shrinking from step "
+                     f"{onset}, now {num(t.rms(t.entries[-1]))})")
         tier, score, since = MOVING, math.log(factor), onset
     if ratio is not None and typical is not None and counted > 1:
         value, first = ratio
@@ -74,18 +83,27 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
             since = first if since is None else min(since, first)
     if not parts:
         return None
-    why = "; ".join(parts) + ": its learning rate (or gradient) is too large for it"
+    cause = ("its weight decay (lr × weight_decay) pulls it to zero, or its learning rate is too "
+             "large for it" if shrunk is not None else
+             "its learning rate (or gradient) is too large for it")
+    why = "; ".join(parts) + ": " + cause
     return row_of(t, tier, score, why, since=since, phase=AFTER_STEP)
 
 
-def _growth(t: Track, before: int | None = None) -> tuple[float, int, int] | None:
+def _growth(t: Track, before: int | None = None,
+            shrinking: bool = False) -> tuple[float, int, int] | None:
     """(RMS latest ÷ first, the first step, the step growth began) when grown ×GROWN (over the
-    steps before `before`, when given)."""
+    steps before `before`, when given); shrinking: (first ÷ latest, ...) when shrunk ÷GROWN."""
     sized = [(e[STEP], t.rms(e)) for e in t.entries if before is None or e[STEP] < before]
     sized = [(s, r) for s, r in sized if r > 0 and math.isfinite(r)]
     if len(sized) < 2:
         return None
     (start, first), (_, last) = sized[0], sized[-1]
+    if shrinking:
+        if first < GROWN * last:
+            return None
+        onset = next(s for s, r in sized if r * ONSET <= first)
+        return first / last, start, onset
     if last < GROWN * first:
         return None
     onset = next(s for s, r in sized if r >= ONSET * first)

@@ -38,6 +38,10 @@ class Track:
     entries: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     first: tuple[int, float] | None = None  # (step, absmax) of the first step seen
     bad_step: int | None = None  # the first step with NaN/Inf
+    # the largest finite and the smallest positive absmax ever added: a rule on the spread of
+    # sizes (exploding gradients) skips a run whose sizes never spread that far, at once
+    largest: float = 0.0
+    least: float = math.inf
 
     def add(self, step: int, shape: Any, dtype: str, mean: float, std: float, absmax: float,
             nan: int, inf: int, zeros: float, maximum: float = math.nan) -> None:
@@ -55,6 +59,10 @@ class Track:
                 self.first = (step, absmax)
         if (nan or inf) and self.bad_step is None:
             self.bad_step = step
+        if self.largest < absmax < math.inf:
+            self.largest = absmax
+        if 0 < absmax < self.least:
+            self.least = absmax
 
     def series(self, column: int) -> list:
         return [e[column] for e in self.entries]
@@ -173,10 +181,13 @@ class Tracks:
                 self.optimizer_first_step = step
 
     @classmethod
-    def from_frame(cls, frame: Any, extras: Iterable[dict] = ()) -> Tracks:
+    def from_frame(cls, frame: Any, extras: Iterable[dict] | None = None) -> Tracks:
         """Tracks of a frame's rows; extra columns (memory, anything added later) are ignored.
-        extras: what the records held beside their rows (channels, optimiser groups)."""
+        extras: what the records held beside their rows (channels, optimiser groups); by
+        default those a loaded frame carries (`extras_of`)."""
         tracks = cls()
+        if extras is None:
+            extras = extras_of(frame)
         if frame is not None and len(frame):
             columns = ["io", "step", "module", "type", "call", "index", "shape", "dtype",
                        "mean", "std", "absmax", "nan", "inf", "zeros", "max"]
@@ -186,6 +197,43 @@ class Tracks:
         for item in extras:
             tracks.add_extras(item)
         return tracks
+
+
+# A frame read back from a record file (`scn.load`) carries its records' extras here, in
+# `frame.attrs[ATTRS]["extras"]`: condensed (see `condensed`), each with the rank it is of.
+ATTRS = "singlecard_nb"
+
+
+def extras_of(frame: Any) -> list[dict]:
+    """The extras a loaded frame carries, of the ranks whose rows it holds (a frame cut down
+    to one rank ranks with that rank's channels and param groups)."""
+    attrs = getattr(frame, "attrs", None)
+    found = (attrs or {}).get(ATTRS, {}).get("extras") or []
+    if not found or frame is None or "rank" not in getattr(frame, "columns", ()):
+        return list(found)
+    ranks = set(frame["rank"].unique().tolist())
+    return [e for e in found if e.get("rank") in ranks]
+
+
+def condensed(extras: Iterable[dict]) -> list[dict]:
+    """The few extras that build the same Tracks as all of `extras` (steps in order): each
+    input's channels and the param groups at their first step and their latest. A frame keeps
+    these, not every step's (pandas deep-copies a frame's attrs on every operation)."""
+    channels: dict[str, list] = {}  # index -> [first step, latest step, latest item]
+    groups: list = []  # [first step, latest step, latest groups]
+    for item in extras:
+        step = item.get("step", 0)
+        for index, found in (item.get("channels") or {}).items():
+            known = channels.setdefault(index, [step, step, found])
+            known[1:] = [step, found]
+        if item.get("optimizer"):
+            groups = [groups[0] if groups else step, step, item["optimizer"]]
+    out = []
+    for index, (first, last, found) in channels.items():
+        out += [{"step": s, "channels": {index: found}} for s in dict.fromkeys((first, last))]
+    if groups:
+        out += [{"step": s, "optimizer": groups[2]} for s in dict.fromkeys(groups[:2])]
+    return sorted(out, key=lambda e: e["step"])
 
 
 # --- small helpers --------------------------------------------------------------------------

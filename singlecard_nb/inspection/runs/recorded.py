@@ -1,5 +1,6 @@
-"""A model's records from one rank of a job, read back from its file: what `scn.inspectors()`
-holds after a `%run` of N ranks (`GPT[rank 1]`), the rows and their summary, no model."""
+"""Records read back from their files: the ranking of a saved run (`scn.findings`), and a
+model's records from one rank of a job, what `scn.inspectors()` holds after a `%run` of N ranks
+(`GPT[rank 1]`): the rows, their findings and summary, no model."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..views import ranking
 from ..views.summary import Summary
-from .records import read_one
+from .records import load, read_one
 
 _RANK_FILE = re.compile(r"^(?P<stem>.+?)(?:\.(?P<model>[^.]+))?\.rank(?P<rank>\d+)\.db$")
 
@@ -32,6 +34,11 @@ class Recorded:
     def frame(self, ranks: str | None = None):
         """The rank's rows (ranks="all" gives the same: the other ranks are their own entries)."""
         return self._frame.copy()
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first, as the rank's live
+        inspector ranked them (its input channels and param groups were saved too)."""
+        return findings(self._frame, top)
 
     def summary(self, top: int | None = None) -> Summary:
         return Summary(self, top)
@@ -60,3 +67,20 @@ def from_folder(folder: str | os.PathLike, stem: str = "records") -> dict[str, R
     return {f"{model}[rank {rank}]": Recorded(f"{model}[rank {rank}]", rank, frame, path)
             for model, rank, frame, path in sorted(found, key=lambda f: (f[0], f[1]))}
 
+
+def findings(source: Any, top: int | None = 10) -> list:
+    """The ranking's findings, likeliest cause first, of saved records: a frame from
+    `scn.load()`, a path, directory or glob of files `insp.save()` wrote, or an Inspector.
+
+    A loaded frame ranks as the inspector that recorded it did: its input channels and the
+    optimiser's param groups come with it (`frame.attrs`); a frame cut to one rank ranks with
+    that rank's. top: the first `top` rows (None: all).
+    """
+    if hasattr(source, "findings") and not hasattr(source, "columns"):
+        return source.findings(top)
+    if isinstance(source, (str, os.PathLike, list, tuple)):
+        source = load(source)
+    if not hasattr(source, "columns"):
+        raise TypeError("scn.findings() takes a frame from scn.load() or insp.frame(), a path "
+                        f"of saved records, or an Inspector; got {type(source).__name__}")
+    return ranking.findings(ranking.Tracks.from_frame(source), top)

@@ -10,6 +10,13 @@ column's pandas type and `load` restores it: shapes come back as tuples, counts 
 
 Nothing here knows the frame's columns beyond their types, so a column added to the frame later
 is saved and loaded like the others.
+
+Beside the rows, two tables keep what the ranking reads that is no row: `record_channels`, the
+per-channel statistics of the model's inputs (a row per step, input and channel), and
+`record_param_groups`, the optimiser's param groups as stepped (a row per step and group, the
+group's parameters as a JSON list of paths). A loaded frame carries them, condensed, in
+`frame.attrs["singlecard_nb"]["extras"]`, so it ranks as the live inspector did. Files written
+before these tables existed load without them.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import datetime
 import glob
 import json
+import math
 import os
 import sqlite3
 import tempfile
@@ -27,9 +35,16 @@ from typing import Any
 import torch
 
 from ...job import place
+from ..causes.series import ATTRS, condensed
 
-FORMAT = 1
+FORMAT = 1  # the extras' tables are optional: a reader that ignores them still reads the rows
 ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
+CHANNELS_TABLE, GROUPS_TABLE = "record_channels", "record_param_groups"
+# name -> SQLite type, in the order written: the extras' tables hold nothing else
+CHANNELS_COLUMNS = {"step": "INTEGER", "input": "TEXT", "shape": "TEXT", "channel": "INTEGER",
+                    "mean": "REAL", "std": "REAL", "absmax": "REAL"}
+GROUPS_COLUMNS = {"step": "INTEGER", "optimizer": "TEXT", "param_group": "INTEGER",
+                  "lr": "REAL", "weight_decay": "REAL", "params": "TEXT"}
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # pandas type -> SQLite column type
 _SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INTEGER",
@@ -121,8 +136,12 @@ def _column_values(series, kind: str) -> list:
     return [None if v is None else str(v) for v in values]
 
 
-def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
+def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None,
+         extras: Iterable[dict] = ()) -> Path:
     """Write `frame` (one process's rows) to an SQLite file for this rank; returns its path.
+
+    extras: what each recorded step held beside its rows (`StepRecord.extras`: the model's
+        input channels, the optimiser's param groups), kept in tables of their own.
 
     The file is written beside its final name and moved into place, so a reader never sees a
     half-written file and an earlier file of the same name is replaced whole.
@@ -159,6 +178,7 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> 
             db.execute(f"CREATE TABLE {META_TABLE} (key TEXT, value TEXT)")
             db.executemany(f"INSERT INTO {META_TABLE} VALUES (?, ?)",
                            [(k, json.dumps(v, default=str)) for k, v in info.items()])
+            _write_extras(db, extras)
         db.close()
         db = None
         os.replace(partial, target)
@@ -169,6 +189,34 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> 
             db.close()
         partial.unlink(missing_ok=True)
     return target
+
+
+def _write_extras(db: sqlite3.Connection, extras: Iterable[dict]) -> None:
+    """The extras' two tables, by named columns (see the module docstring)."""
+    channels, groups = [], []
+    for item in extras:
+        step = int(item.get("step", 0))
+        for index, found in (item.get("channels") or {}).items():
+            shape = json.dumps(list(found.get("shape") or ()))
+            channels += [(step, str(index), shape, c, *map(_real, values[:3]))
+                         for c, values in enumerate(found.get("values") or ())]
+        for group in item.get("optimizer") or ():
+            groups.append((step, str(group.get("optimizer", "")), int(group.get("group", 0)),
+                           _real(group.get("lr")), _real(group.get("weight_decay")),
+                           json.dumps([str(p) for p in group.get("params", ())])))
+    for table, columns, rows in ((CHANNELS_TABLE, CHANNELS_COLUMNS, channels),
+                                 (GROUPS_TABLE, GROUPS_COLUMNS, groups)):
+        db.execute(f"CREATE TABLE {table} "
+                   f"({', '.join(f'{n} {t}' for n, t in columns.items())})")
+        db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(columns))})", rows)
+
+
+def _real(value: Any) -> float | None:
+    """A float SQLite keeps (it stores NaN as NULL: so does this)."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if value != value else value
 
 
 def _save_error(target: Path, error: Exception) -> OSError:
@@ -287,12 +335,93 @@ def _read_tables(path: Path):
         frame = pd.read_sql_query(f"SELECT {columns} FROM {ROWS_TABLE}", db)
         if not kinds:
             frame = frame.iloc[:, :0]
+        extras = _read_extras(db, schema, where)
     finally:
         db.close()
     _check_meta(meta, where)
     for name, kind in kinds.items():
         frame[name] = _restore(frame[name], kind)
+    rank = meta.get("rank", 0)
+    frame.attrs[ATTRS] = {"extras": [dict(e, rank=rank) for e in condensed(extras)]}
     return frame, meta
+
+
+_MAX_CHANNEL = 1 << 16  # more than the recorder splits (4096): a larger index is no record's
+_MAX_TEXT = 4096  # an input's index or an optimiser's class name: short
+
+
+def _read_extras(db: sqlite3.Connection, schema: dict, where: str) -> list[dict]:
+    """The steps' extras from the two tables `save` writes beside the rows (absent in files
+    written before them), every value checked for the type `save` gives it."""
+    by_step: dict[int, dict] = {}
+    for table, columns, add in ((CHANNELS_TABLE, CHANNELS_COLUMNS, _add_channel),
+                                (GROUPS_TABLE, GROUPS_COLUMNS, _add_group)):
+        if table not in schema:
+            continue
+        if not str(schema[table] or "").lstrip().upper().startswith("CREATE TABLE"):
+            raise _NotRecords(f"{where}: {table} is not a plain table: not a file written by "
+                              "insp.save()")
+        _ordinary_columns(db, table, tuple(columns), where)
+        names = ", ".join(columns)
+        for values in db.execute(f"SELECT {names} FROM {table} ORDER BY rowid"):
+            row = dict(zip(columns, values))
+            step = row["step"]
+            if type(step) is not int:
+                raise _NotRecords(f"{where}: {table} holds step {_short(step)}, not a whole "
+                                  "number: not a file written by insp.save()")
+            try:
+                add(by_step.setdefault(step, {"step": step}), row)
+            except (TypeError, ValueError, KeyError) as e:
+                raise _NotRecords(f"{where}: a row of {table} at step {step} is not one "
+                                  f"insp.save() writes ({e})") from None
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise ValueError(f"{what} {_short(value)} is no short text")
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    """A REAL as saved: a number, or NULL for NaN."""
+    if value is None:
+        return math.nan
+    if type(value) not in (int, float):
+        raise ValueError(f"{what} {_short(value)} is no number")
+    return float(value)
+
+
+def _json_list(value: Any, what: str, item: type, longest: int | None = _MAX_TEXT) -> list:
+    if not isinstance(value, str) or (longest is not None and len(value) > longest):
+        raise ValueError(f"{what} {_short(value)} is no short text")
+    found = json.loads(value)
+    if not isinstance(found, list) or not all(type(v) is item for v in found):
+        raise ValueError(f"{what} {_short(value)} is no list of {item.__name__}")
+    return found
+
+
+def _add_channel(extras: dict, row: dict) -> None:
+    index = _text(row["input"], "input")
+    channel = row["channel"]
+    if type(channel) is not int or not 0 <= channel < _MAX_CHANNEL:
+        raise ValueError(f"channel {_short(channel)} is no channel number")
+    item = extras.setdefault("channels", {}).setdefault(
+        index, {"shape": tuple(_json_list(row["shape"], "shape", int)), "values": []})
+    if channel != len(item["values"]):  # written 0, 1, 2 ... per step and input
+        raise ValueError(f"channel {channel} follows {len(item['values'])} channels")
+    item["values"].append([_float(row[k], k) for k in ("mean", "std", "absmax")])
+
+
+def _add_group(extras: dict, row: dict) -> None:
+    group = row["param_group"]
+    if type(group) is not int or group < 0:
+        raise ValueError(f"param_group {_short(group)} is no group number")
+    lr, decay = _float(row["lr"], "lr"), _float(row["weight_decay"], "weight_decay")
+    extras.setdefault("optimizer", []).append({
+        "optimizer": _text(row["optimizer"], "optimizer"), "group": group,
+        "lr": None if lr != lr else lr, "weight_decay": None if decay != decay else decay,
+        "params": _json_list(row["params"], "params", str, longest=None)})
 
 
 def _ordinary_columns(db: sqlite3.Connection, table: str, names: tuple, where: str) -> None:
@@ -365,5 +494,6 @@ def load(path_or_glob: str | os.PathLike | Iterable):
         frames.append((rank, frame))
     frames.sort(key=lambda item: item[0])
     merged = pd.concat([f for _, f in frames], ignore_index=True)
-    merged.attrs["singlecard_nb"] = {"files": [str(sources[r]) for r, _ in frames]}
+    merged.attrs[ATTRS] = {"files": [str(sources[r]) for r, _ in frames],
+                           "extras": [e for _, f in frames for e in f.attrs[ATTRS]["extras"]]}
     return merged
