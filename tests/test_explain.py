@@ -986,6 +986,16 @@ def test_a_compiled_model_is_explained_at_the_module_its_tracing_failed_in(quiet
     assert str(error) == message and not exp.aliases  # untouched; no '_orig_mod.' alias
 
 
+def test_a_compiled_model_is_explained_also_after_dynamo_saw_other_batch_sizes(quiet_dynamo):
+    # A notebook that compiled before: dynamo marks the batch size dynamic ("s33" in its message)
+    for batch in (3, 5):
+        torch.compile(nn.Sequential(nn.Linear(8, 4), nn.ReLU()))(torch.randn(batch, 8))
+    error = failure(torch.compile(nn.Sequential(nn.Linear(16, 32), TwoHeads())), torch.randn(4, 16))
+    exp = scn.explain(error)
+    assert exp.module == "1.down"
+    has(exp.hint, "expects the last dimension of its input to be 32", "got 64")
+
+
 def test_a_compiled_reshape_is_explained_in_the_module_that_does_it(quiet_dynamo):
     class Reshaper(nn.Module):
         def forward(self, x):

@@ -21,14 +21,15 @@ _CHANNELS_FIRST = {1: "x.transpose(1, 2)", 2: "x.permute(0, 3, 1, 2)", 3: "x.per
 
 def linear_features(f: Failure) -> str | None:
     match = (search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", f)
-             # the same product under torch.compile's tracing (fake tensors, meta kernels)
-             or search(r"a and b must have same reduction dim, but got \[(\d+), (\d+)\] X "
-                       r"\[(\d+), (\d+)\]", f))
+             # the same product under torch.compile's tracing (fake tensors, meta kernels); a
+             # size is symbolic ("s33") once dynamo has seen the code with other batch sizes
+             or search(r"a and b must have same reduction dim, but got \[(\w+), (\w+)\] X "
+                       r"\[(\w+), (\w+)\]", f))
     if not match:
         return None
     expected = getattr(f.module, "in_features", None)
     x = f.tensor(0, "input")
-    if isinstance(expected, int) and x is None and f.traced and int(match[3]) == expected:
+    if isinstance(expected, int) and x is None and f.traced and match[3] == str(expected):
         return (f"{f.label} expects the last dimension of its input to be {expected} "
                 f"(in_features); it got {match[2]}")
     if not isinstance(expected, int) or x is None or x.dim() == 0:
