@@ -1,0 +1,32 @@
+"""The record file's layout, shared by writing (records.py) and reading (record_reading.py):
+table and column names, the SQLite types of pandas' kinds, and how a file is known as SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1  # the extras' tables are optional: a reader that ignores them still reads the rows
+ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
+CHANNELS_TABLE, GROUPS_TABLE = "record_channels", "record_param_groups"
+# name -> SQLite type, in the order written: the extras' tables hold nothing else
+CHANNELS_COLUMNS = {"step": "INTEGER", "input": "TEXT", "shape": "TEXT", "channel": "INTEGER",
+                    "mean": "REAL", "std": "REAL", "absmax": "REAL"}
+GROUPS_COLUMNS = {"step": "INTEGER", "optimizer": "TEXT", "param_group": "INTEGER",
+                  "lr": "REAL", "weight_decay": "REAL", "params": "TEXT"}
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# pandas type -> SQLite column type
+SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INTEGER",
+              "bool": "INTEGER", "boolean": "INTEGER", "float": "REAL", "Float": "REAL"}
+
+
+def quoted(name: Any) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False

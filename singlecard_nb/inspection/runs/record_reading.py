@@ -1,0 +1,241 @@
+"""One record file read back: only the tables and columns `save` writes, every value checked
+and bounded by the file's size, every refusal naming the file (a crafted file is refused, never
+trusted: see docs/compare.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ..causes.series import ATTRS, condensed
+from .record_file import (
+    CHANNELS_COLUMNS,
+    CHANNELS_TABLE,
+    COLUMNS_TABLE,
+    FORMAT,
+    GROUPS_COLUMNS,
+    GROUPS_TABLE,
+    META_TABLE,
+    ROWS_TABLE,
+    is_sqlite,
+    quoted,
+)
+
+
+class _NotRecords(ValueError):
+    """A readable file that is not (or not yet) one `load` understands; the message names it."""
+
+
+def read_one(path: Path):
+    """(frame, meta) of one record file."""
+    return _read_one(path)
+
+
+def _read_one(path: Path):
+
+    if not is_sqlite(path):
+        raise ValueError(f"{str(path)!r} is not a file written by insp.save() (not SQLite)")
+    try:
+        return _read_tables(path)
+    except _NotRecords:
+        raise
+    except (sqlite3.Error, ValueError, TypeError, KeyError, RecursionError) as e:
+        raise ValueError(f"{str(path)!r} could not be read as saved records (truncated, or not "
+                         f"written by insp.save()): {type(e).__name__}: {e}") from e
+
+
+# The kinds `_kind` writes; `astype` is given nothing else (a crafted "S2000000000" would
+# allocate gigabytes per row)
+_NUMERIC_KINDS = frozenset(
+    [f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)]
+    + [f"{sign}Int{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64)]
+    + [f"float{bits}" for bits in (16, 32, 64)] + ["Float32", "Float64"])
+_KINDS = _NUMERIC_KINDS | {"tuple", "json", "str", "bool", "boolean"}
+_LENGTH_SLACK = 1 << 16  # SQLite's longest value may exceed the file by this little
+
+
+def _read_tables(path: Path):
+    """The frame and metadata of one file, reading only the tables and columns `save` writes;
+    nothing a value or the schema holds can make it bigger than the file (bounded)."""
+    import pandas as pd
+
+    where = repr(str(path))
+    # a path, never a URI: '#' or '%' in a file name would otherwise cut or change it
+    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+    db = sqlite3.connect(uri, uri=True)
+    try:
+        # no value (nor row) longer than the file: a generated column or a function in the
+        # schema could otherwise make gigabytes from a few bytes
+        limit = getattr(sqlite3, "SQLITE_LIMIT_LENGTH", None)
+        if limit is not None and hasattr(db, "setlimit"):
+            db.setlimit(limit, max(os.path.getsize(path), 0) + _LENGTH_SLACK)
+        db.execute("PRAGMA trusted_schema = OFF")
+        # Only real tables, made by CREATE TABLE: a crafted view (a recursive one) could run
+        # without end, a virtual table reads what its module wants.
+        schema = {name: sql for name, sql in db.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+        mine = (ROWS_TABLE, COLUMNS_TABLE, META_TABLE)
+        if not all(str(schema.get(t, "")).lstrip().upper().startswith("CREATE TABLE")
+                   for t in mine):
+            raise _NotRecords(f"{where} is an SQLite file but not one written by insp.save()")
+        for table, names in ((COLUMNS_TABLE, ("position", "name", "kind")),
+                             (META_TABLE, ("key", "value"))):
+            _ordinary_columns(db, table, names, where)
+        meta = {}
+        for key, value in db.execute(f"SELECT key, value FROM {META_TABLE}"):
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise _NotRecords(f"{where}: its metadata holds a {type(key).__name__} key "
+                                  f"{_short(key)} (or value): not one written by insp.save()")
+            meta[key] = json.loads(value)
+        kinds = {}
+        for name, kind in db.execute(f"SELECT name, kind FROM {COLUMNS_TABLE} ORDER BY position"):
+            if not isinstance(name, str) or kind not in _KINDS:
+                raise _NotRecords(f"{where}: column {_short(name)} has kind {_short(kind)}, "
+                                  "which insp.save() never writes")
+            kinds[name] = kind
+        _ordinary_columns(db, ROWS_TABLE, tuple(kinds), where)
+        columns = ", ".join(quoted(name) for name in kinds) or "NULL"
+        frame = pd.read_sql_query(f"SELECT {columns} FROM {ROWS_TABLE}", db)
+        if not kinds:
+            frame = frame.iloc[:, :0]
+        extras = _read_extras(db, schema, where)
+    finally:
+        db.close()
+    _check_meta(meta, where)
+    for name, kind in kinds.items():
+        frame[name] = _restore(frame[name], kind)
+    rank = meta.get("rank", 0)
+    frame.attrs[ATTRS] = {"extras": [dict(e, rank=rank) for e in condensed(extras)]}
+    return frame, meta
+
+
+_MAX_CHANNEL = 1 << 16  # more than the recorder splits (4096): a larger index is no record's
+_MAX_TEXT = 4096  # an input's index or an optimiser's class name: short
+
+
+def _read_extras(db: sqlite3.Connection, schema: dict, where: str) -> list[dict]:
+    """The steps' extras from the two tables `save` writes beside the rows (absent in files
+    written before them), every value checked for the type `save` gives it."""
+    by_step: dict[int, dict] = {}
+    for table, columns, add in ((CHANNELS_TABLE, CHANNELS_COLUMNS, _add_channel),
+                                (GROUPS_TABLE, GROUPS_COLUMNS, _add_group)):
+        if table not in schema:
+            continue
+        if not str(schema[table] or "").lstrip().upper().startswith("CREATE TABLE"):
+            raise _NotRecords(f"{where}: {table} is not a plain table: not a file written by "
+                              "insp.save()")
+        _ordinary_columns(db, table, tuple(columns), where)
+        names = ", ".join(columns)
+        for values in db.execute(f"SELECT {names} FROM {table} ORDER BY rowid"):
+            row = dict(zip(columns, values))
+            step = row["step"]
+            if type(step) is not int:
+                raise _NotRecords(f"{where}: {table} holds step {_short(step)}, not a whole "
+                                  "number: not a file written by insp.save()")
+            try:
+                add(by_step.setdefault(step, {"step": step}), row)
+            except (TypeError, ValueError, KeyError) as e:
+                raise _NotRecords(f"{where}: a row of {table} at step {step} is not one "
+                                  f"insp.save() writes ({e})") from None
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise ValueError(f"{what} {_short(value)} is no short text")
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    """A REAL as saved: a number, or NULL for NaN."""
+    if value is None:
+        return math.nan
+    if type(value) not in (int, float):
+        raise ValueError(f"{what} {_short(value)} is no number")
+    return float(value)
+
+
+def _json_list(value: Any, what: str, item: type, longest: int | None = _MAX_TEXT) -> list:
+    if not isinstance(value, str) or (longest is not None and len(value) > longest):
+        raise ValueError(f"{what} {_short(value)} is no short text")
+    found = json.loads(value)
+    if not isinstance(found, list) or not all(type(v) is item for v in found):
+        raise ValueError(f"{what} {_short(value)} is no list of {item.__name__}")
+    return found
+
+
+def _add_channel(extras: dict, row: dict) -> None:
+    index = _text(row["input"], "input")
+    channel = row["channel"]
+    if type(channel) is not int or not 0 <= channel < _MAX_CHANNEL:
+        raise ValueError(f"channel {_short(channel)} is no channel number")
+    item = extras.setdefault("channels", {}).setdefault(
+        index, {"shape": tuple(_json_list(row["shape"], "shape", int)), "values": []})
+    if channel != len(item["values"]):  # written 0, 1, 2 ... per step and input
+        raise ValueError(f"channel {channel} follows {len(item['values'])} channels")
+    item["values"].append([_float(row[k], k) for k in ("mean", "std", "absmax")])
+
+
+def _add_group(extras: dict, row: dict) -> None:
+    group = row["param_group"]
+    if type(group) is not int or group < 0:
+        raise ValueError(f"param_group {_short(group)} is no group number")
+    lr, decay = _float(row["lr"], "lr"), _float(row["weight_decay"], "weight_decay")
+    extras.setdefault("optimizer", []).append({
+        "optimizer": _text(row["optimizer"], "optimizer"), "group": group,
+        "lr": None if lr != lr else lr, "weight_decay": None if decay != decay else decay,
+        "params": _json_list(row["params"], "params", str, longest=None)})
+
+
+def _ordinary_columns(db: sqlite3.Connection, table: str, names: tuple, where: str) -> None:
+    """Refuse `table` unless `names` are ordinary columns of it (not generated ones)."""
+    found = {row[1]: row[6] for row in db.execute(f"PRAGMA table_xinfo({table})")}
+    for name in names:
+        hidden = found.get(name)
+        if hidden is None:
+            raise _NotRecords(f"{where}: table {table} has no column {name!r}: not a file "
+                              "written by insp.save()")
+        if hidden:  # generated (computed when read) or hidden: insp.save() makes neither
+            raise _NotRecords(f"{where}: column {name!r} of {table} is computed when read "
+                              "(a generated column): not a file written by insp.save()")
+
+
+def _check_meta(meta: dict, where: str) -> None:
+    version = meta.get("format", 0)
+    if type(version) is not int:
+        raise _NotRecords(f"{where}: its format {_short(version)} is no number: not a file "
+                          "written by insp.save()")
+    if version > FORMAT:
+        raise _NotRecords(f"{where} was written by a newer singlecard_nb (format "
+                          f"{version!r}); upgrade singlecard_nb to read it")
+    for key, least in (("rank", 0), ("world_size", 1)):
+        value = meta.get(key, least)
+        if type(value) is not int or value < least:
+            raise _NotRecords(f"{where}: its {key} is {_short(value)}, not a whole number "
+                              f"≥ {least}: not a file written by insp.save()")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _restore(series, kind: str):
+    import pandas as pd
+
+    if kind == "tuple":
+        decoded: dict[str, tuple] = {}
+        return pd.Series([None if v is None else decoded.get(v) or decoded.setdefault(
+            v, tuple(json.loads(v))) for v in series], index=series.index, dtype=object)
+    if kind == "json":
+        return pd.Series([None if v is None else json.loads(v) for v in series],
+                         index=series.index, dtype=object)
+    if kind == "str":
+        return series.astype("str") if series.notna().all() else series
+    if kind == "bool":
+        return series.astype(bool)
+    return series.astype(kind)
