@@ -28,9 +28,9 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ...borrow import Borrowed, uninterrupted
 from ..engine import Inspector, recording_inspector
-from ..recording.calls import calls_on_stack
 from ..recording.compile_watch import compile_listeners
 from ..recording.copies import Uncopied
+from ..recording.stack import calls_on_stack
 from .model_rules import (
     COPY_CLASSES,
     call_kwargs,
