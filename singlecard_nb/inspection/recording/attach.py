@@ -27,6 +27,7 @@ from .copies import Uncopied
 from .eagerly import compiled_later, eager, run_compiled_modules_eagerly
 from .extras import ParamTargets
 from .global_hook import GlobalHook
+from .optimizer_rows import OptimizerRows
 from .optimizer_steps import optimizer_steps
 from .recorder import Recorder
 from .step_methods import StepMethod
@@ -199,6 +200,7 @@ class Attachment:
                                recorder: Recorder) -> None:
         """params=True: after each optimiser step, record the parameters it updated and the
         gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
+        rows = OptimizerRows(recorder, self._say)
         param_targets = ParamTargets()  # weakly: swapped-out modules go, ids are checked
         # Buffers (BatchNorm's running statistics...) with their modules: read after the first
         # optimiser step of each step, when this step's forward has updated them.
@@ -213,17 +215,17 @@ class Attachment:
 
         def on_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
-                recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
+                rows.after_step(optimizer, param_targets, buffer_modules)
 
         def before_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
-                recorder.before_optimizer_step(optimizer, param_targets)
+                rows.before_step(optimizer, param_targets)
 
         optimizer_steps.add(before_optimizer_step, on_optimizer_step)
 
         def remove() -> None:
             optimizer_steps.discard(before_optimizer_step, on_optimizer_step)
-            recorder.snapshots.clear()
+            rows.snapshots.clear()
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:
                 warnings.warn(
