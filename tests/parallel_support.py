@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from singlecard_nb.parallel import cpu_memory, groups, remap
+from singlecard_nb.parallel import cpu_memory, remap, sockets
 from singlecard_nb.parallel import single_card as parallel
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -113,7 +113,7 @@ def clean_state(monkeypatch):
 
 def listening(address: str) -> bool:
     """Whether this process still listens on "host:port" (from /proc, as status reads it)."""
-    return address in groups.listening_sockets().values()
+    return address in sockets.listening_sockets().values()
 
 
 def refuses_connections(address: str) -> bool:

@@ -221,7 +221,7 @@ _FSDP2 = textwrap.dedent("""
 def test_fsdp2_runs_under_singlecard_cpu_leave_no_gloo_listener(shell, tmp_path):
     import gc
 
-    from singlecard_nb.parallel.groups import listening_sockets
+    from singlecard_nb.parallel.sockets import listening_sockets
 
     if not sys.platform.startswith("linux"):
         pytest.skip("listening sockets are read from /proc (Linux)")

@@ -12,7 +12,7 @@ from torch.nn.modules import module as module_globals
 
 import singlecard_nb as scn
 from singlecard_nb import borrow
-from singlecard_nb.inspection.finding import discovery
+from singlecard_nb.inspection.finding import finder_hook
 from singlecard_nb.inspection.recording import compile_watch
 
 
@@ -111,8 +111,8 @@ def test_ctrl_c_in_the_torch_compile_patch_leaves_no_global_probe_hook(monkeypat
 
 def test_ctrl_c_right_after_inspect_all_registers_its_finder_leaves_none(monkeypatch):
     model = nn.Sequential(nn.Linear(2, 3))
-    monkeypatch.setattr(discovery, "register_module_forward_pre_hook",
-                        ctrl_c_after(discovery.register_module_forward_pre_hook))
+    monkeypatch.setattr(finder_hook, "register_module_forward_pre_hook",
+                        ctrl_c_after(finder_hook.register_module_forward_pre_hook))
     with pytest.raises(KeyboardInterrupt):
         scn.inspect_all()
     monkeypatch.undo()

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import singlecard_nb as scn
-from singlecard_nb.inspection.recording import attach
+from singlecard_nb.inspection.recording import global_hook
 
 
 class _Watching(OrderedDict):
@@ -31,7 +31,7 @@ class _Watching(OrderedDict):
 def test_the_hook_never_appears_without_its_with_kwargs_flag(monkeypatch):
     watching = _Watching(torch_module._global_forward_hooks)
     monkeypatch.setattr(torch_module, "_global_forward_hooks", watching)
-    monkeypatch.setattr(attach, "_GLOBAL_HOOKS", watching)
+    monkeypatch.setattr(global_hook, "_GLOBAL_HOOKS", watching)
     model = nn.Sequential(nn.Linear(2, 2))
     with scn.inspect(model) as insp:
         model(torch.ones(1, 2))
@@ -94,7 +94,7 @@ def test_ctrl_c_while_the_hook_is_installed_leaves_no_hook(monkeypatch):
     before = dict(torch_module._global_forward_hooks)
     interrupting = _Interrupting(torch_module._global_forward_hooks_with_kwargs)
     monkeypatch.setattr(torch_module, "_global_forward_hooks_with_kwargs", interrupting)
-    monkeypatch.setattr(attach, "_GLOBAL_WITH_KWARGS", interrupting)
+    monkeypatch.setattr(global_hook, "_GLOBAL_WITH_KWARGS", interrupting)
     model = nn.Sequential(nn.Linear(2, 2))
     with pytest.raises(KeyboardInterrupt):
         scn.inspect(model, steps="manual")  # manual steps install the hook at start

@@ -16,7 +16,7 @@ from conftest import fsdp2_on_cpu
 from parallel_support import clean_state, patched_objects  # noqa: F401 - clean_state: pytestmark
 
 from singlecard_nb import session
-from singlecard_nb.parallel import fsdp, groups, mesh
+from singlecard_nb.parallel import fsdp, mesh, sockets
 from singlecard_nb.parallel import single_card as parallel
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -236,7 +236,7 @@ def test_an_fsdp1_tree_lets_go_of_its_group_when_the_group_is_destroyed():
     [listener] = parallel.report()["listeners"]
     dist.destroy_process_group()
     gc.collect()
-    assert listener not in groups.listening_sockets().values()  # gloo's socket closed
+    assert listener not in sockets.listening_sockets().values()  # gloo's socket closed
     with pytest.raises(RuntimeError, match="Build the wrapper again"):
         model(torch.randn(2, 4))
     assert model.module[0].weight.shape == (4, 4)  # the module is intact

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import ipaddress
 import os
 import sys
 import weakref
@@ -39,6 +38,8 @@ from torch import nn
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from . import world_size as world_size_notice
+from .released import is_live_group, release_wrapper
+from .sockets import listening_sockets
 from .under_cpu import under_cpu
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
@@ -47,9 +48,6 @@ _CAPTURE_WORLD_AT_IMPORT = (
     "torch.distributed.optim.zero_redundancy_optimizer",
     "torch.distributed.fsdp.sharded_grad_scaler",
 )
-_RELEASED = ("This DistributedDataParallel (or FullyShardedDataParallel) was built in "
-             "single-card mode, and its world-of-one process group has since been destroyed (destroy_process_group, `%singlecard off` "
-             "or `%unload_ext`). Build the wrapper again (its `.module` is intact).")
 
 
 class Groups:
@@ -157,7 +155,7 @@ class Groups:
     def release(self, wrapper: nn.Module) -> None:
         """Let `wrapper` (a DDP) go of its group: when the group is destroyed, or at once when
         the wrapper's construction failed."""
-        _release(wrapper)
+        release_wrapper(wrapper)
         self._wrappers.discard(wrapper)
 
     def track(self, wrapper: nn.Module) -> None:
@@ -175,8 +173,8 @@ class Groups:
             _unpatched(dist.destroy_process_group)()
             _forget_dtensor_meshes()
         for wrapper in list(self._wrappers):
-            if not _is_live_group(getattr(wrapper, "process_group", None)):
-                _release(wrapper)
+            if not is_live_group(getattr(wrapper, "process_group", None)):
+                release_wrapper(wrapper)
 
     def _release_wrappers_of(self, group: Any) -> None:
         for wrapper in list(self._wrappers):
@@ -218,56 +216,6 @@ class Groups:
                                   stacklevel=4)
 
 
-def _release(wrapper: nn.Module) -> None:
-    """Drop a DDP's (or an FSDP1 tree's) hold on its process group (so gloo's listener can
-    close)."""
-    if _is_fsdp(wrapper):
-        _release_fsdp(wrapper)
-        return
-    state = wrapper.__dict__  # also a half-built one: only what is there
-    reducer = state.get("reducer")
-    if reducer is not None:
-        reducer._remove_autograd_hooks()  # the hooks on the module's parameters call it
-    for name in ("reducer", "logger"):
-        state.pop(name, None)
-    if "process_group" in state:
-        state["process_group"] = None
-    state["forward"] = _released_forward
-
-
-def _is_fsdp(wrapper: nn.Module) -> bool:
-    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    return fsdp is not None and isinstance(wrapper, fsdp.FullyShardedDataParallel)
-
-
-def _release_fsdp(wrapper: nn.Module) -> None:
-    # FSDP1 holds its group on every wrapper of the tree, on their flat-parameter handles and
-    # on the execution-order record they share.
-    fsdp = sys.modules["torch.distributed.fsdp.fully_sharded_data_parallel"]
-    if "_modules" not in wrapper.__dict__:  # failed before nn.Module.__init__: holds nothing
-        return
-    for module in wrapper.modules():
-        if not isinstance(module, fsdp.FullyShardedDataParallel):
-            continue
-        state = module.__dict__
-        for holder in (state, getattr(state.get("_handle"), "__dict__", {}),
-                       getattr(state.get("_exec_order_data"), "__dict__", {})):
-            for name in ("process_group", "_inter_node_pg"):
-                if holder.get(name) is not None:
-                    holder[name] = None
-        state["forward"] = _released_forward
-
-
-def _released_forward(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError(_RELEASED)
-
-
-def _is_live_group(group: Any) -> bool:
-    from torch.distributed import distributed_c10d
-
-    return group is not None and group in distributed_c10d._world.pg_map
-
-
 def _forget_dtensor_meshes() -> None:
     """A group was destroyed: DTensor's sharding caches let go of its meshes. They keep the
     first mesh they saw for good (a later equal mesh hits the cache), and a mesh holds its
@@ -294,40 +242,4 @@ def _import_modules_that_capture_the_world() -> None:
             except ImportError:  # a torch without it: it cannot capture anything either
                 pass
 
-
-def listening_sockets() -> dict[str, str]:
-    """inode -> "host:port" of the TCP sockets this process listens on (Linux; {} elsewhere)."""
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return {}
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed meanwhile (the listdir's own fd)
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                found[fields[9]] = _address(fields[1])
-    return found
-
-
-def _address(hex_address: str) -> str:
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    if sys.byteorder == "little":  # the kernel prints each 32-bit word in host order
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    ip = ipaddress.ip_address(raw)
-    return f"{ip}:{int(port, 16)}" if ip.version == 4 else f"[{ip}]:{int(port, 16)}"
 

@@ -23,14 +23,13 @@ from collections import Counter
 from typing import Any
 
 from torch import nn
-from torch.nn.modules import module as _module_globals
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ...borrow import Borrowed, uninterrupted
 from ..engine import Inspector, recording_inspector
-from ..recording.calls import calls_on_stack
 from ..recording.compile_watch import compile_listeners
-from ..recording.copies import Uncopied
+from ..recording.stack import calls_on_stack
+from .finder_hook import FinderHook
+from .marks import Marks
 from .model_rules import (
     COPY_CLASSES,
     call_kwargs,
@@ -42,8 +41,7 @@ from .model_rules import (
 
 __all__ = ["Discovery", "inspect_all", "inspectors"]
 
-_GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
-# torch's note, as a pattern unlike attach.py's: warnings keeps one copy of equal filters, so an
+# torch's note, as a pattern unlike recording/eagerly.py's: warnings keeps one copy of equal filters, so an
 # inspector giving its filter back would otherwise take this one away too
 _TORCH_COMPILE_HOOK_NOTE = r"Using `torch\.compile\(module\)` when there are global hooks"
 
@@ -65,16 +63,13 @@ class Discovery:
         # no model (a model's submodules, copies, modules called inside another's call)
         self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
         self._names: Counter[str] = Counter()
-        self._marks: list = []  # handles of our hooks on the models found (_look_again_after)
+        self._marks = Marks(self._on_return)  # our hooks on the models found
         self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
         self._owner: Borrowed | None = None
         # what a run's compiled wrappers borrow (each wrapper holds its model): given back by
         # the next run's reset, so a model of one run never outlives the next
         self._run_patches = Borrowed("inspect all: compiled wrappers run eagerly")
-        self._uncopied = Uncopied()  # our marks, left out of pickles
-        self._hook_id: int | None = None
-        self._hook = self._on_call  # one bound object: in and out of torch's table
-        self._rearm = self._on_return
+        self._finder = FinderHook(self._on_call, lambda: self.active)
         self._compile_listener = self._compiled
         self._lock = threading.RLock()
         self.found: list = []  # callbacks fn(name, insp), e.g. the live view of %inspect all
@@ -98,9 +93,7 @@ class Discovery:
             with uninterrupted():
                 owner = Borrowed("inspect all: finding models")
                 try:
-                    handle = owner.add_hook(lambda: register_module_forward_pre_hook(self._hook),
-                                            "global forward pre-hook finding models")
-                    self._hook_id = handle.id
+                    self._finder.register(owner)
                     compile_listeners.add(self._compile_listener)
                     owner.on_restore(lambda: compile_listeners.discard(self._compile_listener),
                                      "torch.compile listener")
@@ -111,7 +104,7 @@ class Discovery:
                     owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
                     owner.on_restore(self._stop_inspectors, "inspectors of the models found")
                     owner.on_restore(self._run_patches.restore, "compiled wrappers run eagerly")
-                    owner.on_restore(self._remove_marks, "hooks on the models found")
+                    owner.on_restore(self._marks.remove, "hooks on the models found")
                 except BaseException:
                     owner.restore()
                     raise
@@ -134,9 +127,9 @@ class Discovery:
         with self._lock:
             self._stop_inspectors()
             self._run_patches.restore()
-            self._remove_marks()  # a model of the last run called again is a model again
+            self._marks.remove()  # a model of the last run called again is a model again
             self._inspectors, self._known, self._names = {}, {}, Counter()
-            self._arm()
+            self._finder.arm()
 
     def adopt(self, found: dict[str, Any]) -> None:
         """Models recorded in other processes join `inspectors()` by name: each rank's models
@@ -151,7 +144,7 @@ class Discovery:
         for insp in list(self._inspectors.values()):
             if insp.active:
                 insp.flush()
-        self._arm()
+        self._finder.arm()
 
     def _stop_gone(self) -> None:
         """Stop the inspectors of models the code has dropped (ours hold them weakly): their
@@ -176,28 +169,14 @@ class Discovery:
         names = ", ".join(self._inspectors) or "no model yet"
         return f"<inspect_all: {state}; {names}>"
 
-    def _remove_marks(self) -> None:
-        marks, self._marks = self._marks, []
-        for handle in marks:
-            handle.remove()
-        self._uncopied.give_back()
-
     def _stop_inspectors(self) -> None:
         for insp in list(self._inspectors.values()):
             if id(insp) not in self._theirs:
                 insp.stop()
 
-    # --- the finder in and out of torch's table ---------------------------------------------
-    def _arm(self) -> None:
-        if self._hook_id is not None and self.active:
-            _GLOBAL_PRE_HOOKS[self._hook_id] = self._hook
-
-    def _disarm(self) -> None:
-        if self._hook_id is not None:
-            _GLOBAL_PRE_HOOKS.pop(self._hook_id, None)
-
+    # --- the finder back in torch's table (finder_hook.py) when a model's call returns ---------
     def _on_return(self, module, args, output) -> None:
-        self._arm()  # the model's call is over: look for models again
+        self._finder.arm()  # the model's call is over: look for models again
 
     def __deepcopy__(self, memo: dict) -> Discovery:
         return self  # a copy of a model carries our hook, still ours: that is how copies show
@@ -207,7 +186,7 @@ class Discovery:
         entry = self._known.get(id(module))
         if entry is not None and entry[0]() is module:
             if entry[1] is not None:
-                self._disarm()  # a model's call: its inspector records it; back when it returns
+                self._finder.disarm()  # a model's call: its inspector records it; back when it returns
             return
         if not has_parameters(module):
             return  # a loss, an activation: no model
@@ -233,7 +212,7 @@ class Discovery:
         outer, method = method_owner(frame, module)
         candidate = outer or module
         model, chain = unwrapped(candidate)
-        if type(model).__name__ in COPY_CLASSES or self._is_copy(model):
+        if type(model).__name__ in COPY_CLASSES or self._marks.on_copy(model):
             self._forget_as_model(candidate)
             return
         inner = getattr(model, "_orig_mod", model)
@@ -252,8 +231,8 @@ class Discovery:
             insp, fresh = self._new_inspector(model, inner)
         for wrapper in (candidate, *chain, model):
             self._known[id(wrapper)] = (weakref.ref(wrapper), insp)
-        self._look_again_after(candidate)
-        self._disarm()
+        self._marks.add(candidate)
+        self._finder.disarm()
         if not fresh:
             return  # its hooks were there before this call began: they record it
         if outer is not None:
@@ -282,26 +261,10 @@ class Discovery:
         self._forget_as_model(inner)  # its parts called on their own are no new model
         if inner is not model:
             self._known[id(inner)] = (weakref.ref(inner), insp)
-        self._look_again_after(inner)  # also the mark a copy (deepcopy for EMA) carries
+        self._marks.add(inner)  # also the mark a copy (deepcopy for EMA) carries
         for callback in self.found:
             callback(name, insp)
         return insp, fresh
-
-    def _look_again_after(self, module: nn.Module) -> None:
-        """Put the finder back when `module`'s call returns (always called: also after an
-        exception). The hook is ours on a module we know, so a copy of it shows as a copy."""
-        if not any(getattr(hook, "__self__", None) is self
-                   for hook in module._forward_hooks.values()):
-            with uninterrupted():  # taken back by _remove_marks (the owner runs it)
-                handle = module.register_forward_hook(self._rearm, always_call=True)
-                self._marks.append(handle)
-            # a pickle (torch.save) of the model never holds it; a deep copy does: a copy
-            self._uncopied.hook(module, handle, deep_copies_keep=True)
-
-    def _is_copy(self, model: nn.Module) -> bool:
-        inner = getattr(model, "_orig_mod", model)
-        return any(getattr(hook, "__self__", None) is self
-                   for sub in inner.modules() for hook in sub._forward_hooks.values())
 
     def _forget_as_model(self, module: nn.Module) -> None:
         known = self._known

@@ -45,13 +45,10 @@ import numpy as np
 import torch
 
 from . import native
-from .readable import as_real, is_zerotensor, one_block, plain, real_dtype, reducible
+from .readable import as_real, is_zerotensor, one_block, real_dtype
 from .reductions import FLOAT64_SQUARES_FIT, RAW, reduce_cpu, reduce_on_device, reduce_rows, wide
 from .staging import Staging
-from .values import EMPTY, VALUES, finish
-
-# the recorder reads plain, reducible and VALUES from here (its one import of the kernel)
-__all__ = ["SMALL_NUMEL", "VALUES", "StepStats", "plain", "reducible"]
+from .values import EMPTY, finish
 
 SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)

@@ -3,187 +3,37 @@ exactly while that owner holds its changes (so `borrow.restore_all()`, as `%unlo
 stops the inspector too).
 
 A root forward pre-hook starts each step; on a recorded step the call tracker installs ONE
-global module forward hook, removed again by the root's (always-called) forward hook, so other
-models, and steps that `every=N` skips, run on torch's hook-free fast path. Compiled modules run
-eagerly while inspected (compiled code bypasses module hooks).
+global module forward hook (`global_hook.py`), removed again by the root's (always-called)
+forward hook. Compiled modules run eagerly while inspected (`eagerly.py`); optimiser steps are
+heard through the process's one set of listeners (`optimizer_steps.py`).
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module_globals
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils.hooks import RemovableHandle
+from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ...borrow import Borrowed, Listeners, uninterrupted, wrap_like
+from ...borrow import Borrowed, uninterrupted
 from ..diagnostics import Diagnostics
 from ..targets import Target
-from .calls import CallTracker, StepMethod
+from .calls import CallTracker
 from .copies import Uncopied
+from .eagerly import compiled_later, eager, run_compiled_modules_eagerly
 from .extras import ParamTargets
+from .global_hook import GlobalHook
+from .optimizer_rows import OptimizerRows
+from .optimizer_steps import optimizer_steps
 from .recorder import Recorder
+from .step_methods import StepMethod
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
-# torch's handle for register_module_forward_hook(..., with_kwargs=True) does not remove the
-# with_kwargs entry it made (torch <= 2.13): the engine removes it itself.
-_GLOBAL_WITH_KWARGS: dict = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
-# None on a torch without these tables: the hook is then registered through torch's function
-_GLOBAL_HOOKS: dict | None = (getattr(_module_globals, "_global_forward_hooks", None)
-                              if hasattr(_module_globals, "_global_forward_hooks_with_kwargs")
-                              else None)
-_GLOBAL_ALWAYS_CALLED: dict = getattr(_module_globals, "_global_forward_hooks_always_called", {})
-_TORCH_COMPILE_HOOK_NOTE = r"Using `torch.compile\(module\)` when there are global hooks"
-
-
-def eager(fn: Callable) -> Callable:
-    """`fn`, never traced into a compiled graph (torch.compiler.disable where available)."""
-    disable = getattr(torch.compiler, "disable", None)
-    return disable(fn) if disable is not None else fn
-
-
-def _remove_filter(entry: tuple) -> None:
-    if entry in warnings.filters:
-        warnings.filters.remove(entry)
-        getattr(warnings, "_filters_mutated", lambda: None)()  # what filterwarnings calls
-
-
-def _run_wrapper_eagerly(owner: Borrowed, model: nn.Module, wrapper: nn.Module) -> None:
-    owner.set_attr(wrapper, "forward", model.__call__,
-                   "torch.compile wrapper runs the original module")
-    # torch notes that global hooks also fire for the wrapper; ours ignore it
-    warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
-    owner.on_restore(functools.partial(_remove_filter, warnings.filters[0]),
-                     "warnings filter for torch.compile's global hook note")
-
-
-def _step_wrapper_code():
-    """The code of torch's `optimizer.step()` wrapper (every optimiser class's step runs in one;
-    None where torch has no `profile_hook_step`)."""
-    make = getattr(torch.optim.Optimizer, "profile_hook_step", None)
-    try:
-        return make(lambda *args, **kwargs: None).__code__ if make is not None else None
-    except Exception:  # noqa: BLE001 - a torch that changed it: steps are never known idle
-        return None
-
-
-_STEP_WRAPPER = _step_wrapper_code()
-_STEP_CODE = "_optimizer_step_code"  # torch calls optimizer._optimizer_step_code() after step
-
-
-def steps_running() -> int | None:
-    """How many `optimizer.step()` calls are running now, over every thread's stack (None:
-    unknown, on a torch without the wrapper)."""
-    if _STEP_WRAPPER is None:
-        return None
-    count = 0
-    for frame in sys._current_frames().values():
-        while frame is not None:
-            count += frame.f_code is _STEP_WRAPPER
-            frame = frame.f_back
-    return count
-
-
-class _OptimizerSteps(Listeners):
-    """One point before and one after each optimiser step for every inspector of the process
-    that listens to steps, made when the first listener comes and given back when the last one
-    goes.
-
-    After a step: `torch.optim.Optimizer._optimizer_step_code` (which torch calls after each
-    step) is swapped for one that calls torch's and then the listeners: a class attribute, so
-    it comes and goes at any instant. Before a step there is only torch's table of global
-    pre-hooks, which `optimizer.step()` iterates: an entry removed meanwhile (by an inspector
-    stopped in another thread, or inside a step hook) raises "OrderedDict mutated during
-    iteration" in the training thread. So the entry leaves when no step is running in any
-    thread; while one is, the last listener's leaving is deferred to the end of that step
-    (after its pre-hooks, at `_optimizer_step_code`) or to the next listener leaving.
-    Listeners are kept in tuples that are replaced, never changed, so a step looping over them
-    in another thread never sees them change.
-    """
-
-    name = "inspect: optimizer step hooks"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.before: tuple[Callable, ...] = ()
-        self.after: tuple[Callable, ...] = ()
-        self._lock = threading.RLock()
-
-    def add(self, before: Callable | None, after: Callable | None) -> None:  # type: ignore[override]
-        """`before(optimizer)` before and `after(optimizer)` after each step (None: neither)."""
-        with uninterrupted(), self._lock:
-            self._install_once()
-            if before is not None:
-                self.before = (*self.before, before)
-            if after is not None:
-                self.after = (*self.after, after)
-
-    def discard(self, before: Callable | None, after: Callable | None) -> None:  # type: ignore[override]
-        with self._lock:
-            self.before = tuple(fn for fn in self.before if fn is not before)
-            self.after = tuple(fn for fn in self.after if fn is not after)
-        self._leave_if_idle(0)
-
-    @property
-    def installed(self) -> bool:
-        return self._owner is not None and self._owner.active
-
-    def _leave_if_idle(self, steps_here: int) -> None:
-        """Give everything back if nobody listens and no step but the `steps_here` this thread
-        is in (past their pre-hooks) is running."""
-        with uninterrupted(), self._lock:
-            if self.before or self.after or self._owner is None:
-                return
-            running = steps_running()
-            if running is None or running > steps_here:
-                return  # deferred: a step may be iterating torch's pre-hook table
-            owner, self._owner = self._owner, None
-            owner.restore()
-
-    def install(self, owner: Borrowed) -> None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
-        owner.add_hook(lambda: register_optimizer_step_pre_hook(eager(self._before)),
-                       "optimizer step pre-hook (all params=True inspectors)")
-        original = torch.optim.Optimizer.__dict__.get(_STEP_CODE)
-        if callable(original) and _STEP_WRAPPER is not None:
-            def step_code(optimizer) -> None:
-                original(optimizer)  # torch's: the profiler hooks into it
-                self._after(optimizer)
-                if not self.after:
-                    self._leave_if_idle(1)  # this step is past its pre-hooks
-
-            owner.set_attr(torch.optim.Optimizer, _STEP_CODE,
-                           eager(wrap_like(original, step_code)),
-                           "torch.optim.Optimizer._optimizer_step_code (after each step)")
-        else:  # a torch without it: its table of post-hooks, left when no step runs
-            owner.add_hook(lambda: register_optimizer_step_post_hook(
-                eager(lambda optimizer, args, kwargs: self._after(optimizer))),
-                "optimizer step hook (all params=True inspectors)")
-
-    def _before(self, optimizer, args, kwargs) -> None:
-        for listener in self.before:  # a tuple: replaced, never changed, while we loop
-            listener(optimizer)
-
-    def _after(self, optimizer) -> None:
-        for listener in self.after:
-            listener(optimizer)
-
-
-_optimizer_steps = _OptimizerSteps()
-
-
 class Attachment:
     """The hooks and patches of one inspector; `active` is whether its owner holds them."""
 
@@ -193,8 +43,10 @@ class Attachment:
         self._owner: Borrowed | None = None
         self._model: nn.Module | None = None  # held while attached (unless `hold` is False)
         self._model_ref: Callable[[], nn.Module | None] = lambda: None
-        self._forward_hook: Callable | None = None
-        self._global_handle = None
+        # the global forward hook: the call tracker installs and removes it (engine.py)
+        self._global_hook = GlobalHook()
+        self.install_hook = self._global_hook.install
+        self.remove_hook = self._global_hook.remove
         self._probes: list = []  # handles of the "called some other way" probe
 
     def is_active(self) -> bool:
@@ -236,8 +88,8 @@ class Attachment:
         uncopied = Uncopied()  # torch.save(model), deepcopy: without our hooks
         owner.on_restore(uncopied.give_back, "copies of the model without our hooks")
         calls.targets, calls.hooked = targets, dict(targets)
-        self._forward_hook = calls.on_forward
-        self._run_compiled_modules_eagerly(owner, model, wrapper)
+        self._global_hook.hook = calls.on_forward
+        run_compiled_modules_eagerly(owner, model, wrapper, self._say)
         # before the root's: those are not the user's
         self._attach_late(owner, model, calls, uncopied)
         # The root hooks always run eagerly, also where torch.compile traces the model from
@@ -264,8 +116,8 @@ class Attachment:
 
     def listen_to_optimizers(self, listener: Callable) -> None:
         """`listener(optimizer)` after every torch.optim step while attached."""
-        _optimizer_steps.add(None, listener)
-        self._owner.on_restore(lambda: _optimizer_steps.discard(None, listener),
+        optimizer_steps.add(None, listener)
+        self._owner.on_restore(lambda: optimizer_steps.discard(None, listener),
                                "optimizer step listener (memory=True)")
 
     def detach(self) -> None:
@@ -274,33 +126,7 @@ class Attachment:
         if owner is not None:
             owner.restore()
 
-    # --- the global hook and the probe ------------------------------------------------------
-    def install_hook(self) -> None:
-        """The global forward hook (with_kwargs), entered into torch's tables in an order that
-        is safe at any instant: another thread running any module never finds the hook
-        without its with_kwargs flag (torch's own register sets the flag second, and such a
-        call would pass the hook the wrong arguments), and the handle is ours before the hook
-        is in a table, so a Ctrl-C in between leaves nothing that remove_hook cannot find."""
-        if self._global_handle is not None:
-            return
-        if _GLOBAL_HOOKS is None:  # a torch without these tables: its own register
-            self._global_handle = register_module_forward_hook(self._forward_hook,
-                                                               with_kwargs=True)
-            return
-        handle = RemovableHandle(_GLOBAL_HOOKS, extra_dict=_GLOBAL_ALWAYS_CALLED)
-        self._global_handle = handle
-        _GLOBAL_WITH_KWARGS[handle.id] = True
-        _GLOBAL_HOOKS[handle.id] = self._forward_hook
-
-    def remove_hook(self) -> None:
-        """The hook out of torch's tables, then its flag; forgotten only once both are gone
-        (an interrupted removal is finished by the next call)."""
-        handle = self._global_handle
-        if handle is not None:
-            handle.remove()
-            _GLOBAL_WITH_KWARGS.pop(handle.id, None)
-            self._global_handle = None
-
+    # --- the probe ----------------------------------------------------------------------------
     def end_probes(self) -> None:
         if self._probes:
             probes, self._probes = self._probes, []
@@ -320,23 +146,6 @@ class Attachment:
                                            "probe: children called directly"))
 
     # --- module hooks and patches -----------------------------------------------------------
-    def _run_compiled_modules_eagerly(self, owner: Borrowed, model: nn.Module,
-                                      wrapper: nn.Module | None) -> None:
-        """Compiled code bypasses module hooks: while inspected, compiled modules run eagerly."""
-        compiled = []
-        for path, m in model.named_modules():
-            if getattr(m, "_compiled_call_impl", None) is not None:  # module.compile()
-                owner.set_attr(m, "_compiled_call_impl", None, "compiled module runs eagerly")
-                compiled.append(repr(path))
-        if wrapper is not None:  # torch.compile(module): call the original instead
-            _run_wrapper_eagerly(owner, model, wrapper)
-            compiled.insert(0, f"the torch.compile wrapper of {type(model).__name__}")
-        if compiled:
-            listed = ", ".join(compiled[:5]) + (", ..." if len(compiled) > 5 else "")
-            self._say("compiled", f"compiled modules run eagerly while inspected ({listed}), so "
-                      "that every module inside them is recorded; the values are those of the "
-                      "eager model. insp.stop() gives the compiled code back.")
-
     def compiled_later(self, model: nn.Module, wrapper: nn.Module,
                        targets: dict[int, Target]) -> bool:
         """`torch.compile(model)` or `module.compile()` (then `wrapper` is the module) while
@@ -345,20 +154,7 @@ class Attachment:
         owner = self._owner
         if owner is None or not owner.active:
             return False
-        if wrapper is model and id(model) in targets:  # module.compile(): in place
-            owner.set_attr(model, "_compiled_call_impl", None, "compiled module runs eagerly")
-            self._say("compiled", f"{type(model).__name__}.compile() while it is inspected: it "
-                      "runs eagerly while inspected, so that every module inside it is "
-                      "recorded. insp.stop() gives the compiled code back.")
-            return False
-        if model is not self._model_ref():
-            return False
-        _run_wrapper_eagerly(owner, model, wrapper)
-        self._say("compiled", f"torch.compile({type(model).__name__}) while it is inspected: "
-                  "the compiled wrapper runs the model eagerly while inspected, so that every "
-                  "module inside it is recorded; the values are those of the eager model. "
-                  "insp.stop() gives the compiled code back.")
-        return True
+        return compiled_later(owner, model, wrapper, self._model_ref(), targets, self._say)
 
     def _attach_late(self, owner: Borrowed, model: nn.Module, calls: CallTracker,
                      uncopied: Uncopied) -> None:
@@ -404,6 +200,7 @@ class Attachment:
                                recorder: Recorder) -> None:
         """params=True: after each optimiser step, record the parameters it updated and the
         gradients it used (under DDP: after their all-reduce, so equal on every rank)."""
+        rows = OptimizerRows(recorder, self._say)
         param_targets = ParamTargets()  # weakly: swapped-out modules go, ids are checked
         # Buffers (BatchNorm's running statistics...) with their modules: read after the first
         # optimiser step of each step, when this step's forward has updated them.
@@ -418,17 +215,17 @@ class Attachment:
 
         def on_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
-                recorder.record_optimizer_step(optimizer, param_targets, buffer_modules)
+                rows.after_step(optimizer, param_targets, buffer_modules)
 
         def before_optimizer_step(optimizer) -> None:
             if self.active and calls.recording:
-                recorder.before_optimizer_step(optimizer, param_targets)
+                rows.before_step(optimizer, param_targets)
 
-        _optimizer_steps.add(before_optimizer_step, on_optimizer_step)
+        optimizer_steps.add(before_optimizer_step, on_optimizer_step)
 
         def remove() -> None:
-            _optimizer_steps.discard(before_optimizer_step, on_optimizer_step)
-            recorder.snapshots.clear()
+            optimizer_steps.discard(before_optimizer_step, on_optimizer_step)
+            rows.snapshots.clear()
             # when inspection ends: say if nothing was seen
             if recorder.optimizer_steps == 0 and recorder.step >= 0:
                 warnings.warn(

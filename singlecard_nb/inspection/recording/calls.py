@@ -26,10 +26,6 @@ from ..memory.ledger import MemoryLedger
 from ..targets import Target
 from .recorder import Recorder
 from .stack import calls_on_stack, in_backward
-from .step_methods import StepMethod
-
-# attach.py takes StepMethod, and discovery.py calls_on_stack, from here
-__all__ = ["CallTracker", "StepMethod", "calls_on_stack"]
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _get_ident = threading.get_ident

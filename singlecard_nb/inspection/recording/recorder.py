@@ -1,5 +1,5 @@
-"""The pending step: one row (and statistics slot) per recorded tensor, moved to the host by
-`flush`.
+"""A recorded call's tensors to rows of the pending step (`pending.py`), which `flush` moves to
+the host; the rows of optimiser steps are `optimizer_rows.py`'s.
 
 Per tensor: a row of metadata (a tuple of atomic values) and a statistics slot of `stats.py`;
 a container's output that is a child's output seen a few hooks earlier reuses its slot (dedupe).
@@ -14,7 +14,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -22,10 +21,11 @@ from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
 from ...errors import TRAP_FRAME, NonFiniteError
 from ..diagnostics import Diagnostics
-from ..kernel.stats import VALUES, StepStats, plain, reducible
+from ..kernel.readable import plain, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
 from ..targets import Target
-from .extras import ParamTargets, Snapshots, channel_stats, channels_to_host, param_groups
+from .extras import channel_stats
+from .pending import Pending
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
 
@@ -43,20 +43,6 @@ def _device_name(device: torch.device) -> str:
     if name is None:
         name = _DEVICE_NAMES[device] = str(device)
     return name
-
-
-class _Pending:
-    """Rows of the current step whose statistics may still be on the device."""
-
-    def __init__(self, exact_std: bool, max_rows: int):
-        self.max_rows = max_rows  # flushed when reached (the store's bound, read per step)
-        self.rows: list[tuple] = []  # (step, path, type, call, io, index, shape, dtype, device)
-        self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
-        self.stats = StepStats(exact_std)
-        self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
-        self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
-        self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
 
 
 class Recorder:
@@ -79,7 +65,7 @@ class Recorder:
         self.exact_std, self.hist_bins = exact_std, hist_bins
         self.step = -1  # the step the pending rows belong to; the call tracker advances it
         self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
-        self.pending = _Pending(exact_std, store.max_rows)
+        self.pending = Pending(exact_std, store.max_rows)
         self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
         self._store = store
         self._diagnostics = diagnostics
@@ -92,7 +78,6 @@ class Recorder:
         self._recomputed_task = -1
         self.memory = memory
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
-        self.snapshots = Snapshots(diagnostics.say)  # params=True: parameters before a step
         # what the trap adds when a module's own weights are already non-finite (the engine
         # asks the ranking: the first parameter that grew)
         self.trap_cause: Callable[[], str | None] | None = None
@@ -310,78 +295,20 @@ class Recorder:
         for handle in hooks:
             handle.remove()
 
-    # --- optimiser steps (params=True) ------------------------------------------------------
-    def before_optimizer_step(self, optimizer, param_targets: ParamTargets) -> None:
-        """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
-        self.guarded(self.snapshots.take, optimizer, param_targets)
-
-    def record_optimizer_step(self, optimizer, param_targets: ParamTargets,
-                              buffer_modules: list) -> None:
-        """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
-        the buffers once per step, after its first optimiser step, when this step's forward has
-        updated them; the param groups' lr and weight decay."""
-        found = ((p, param_targets.get(p)) for group in optimizer.param_groups
-                 for p in group["params"])
-        mine = [(p, *targeted) for p, targeted in found if targeted is not None]
-        if mine:
-            self.optimizer_steps += 1
-            with self._lock:
-                self.pending.optimizer[id(optimizer)] = param_groups(optimizer, param_targets)
-            if "buffers" not in self.calls:  # once per step (calls is cleared at each)
-                self.calls["buffers"] = 1
-                for target, module_ref in buffer_modules:
-                    module = module_ref()
-                    if module is None:
-                        continue
-                    for name, buffer in module.named_buffers(recurse=False):
-                        self.guarded(self.record_tensor, target, 0, "buffer", name,
-                                     buffer.detach(), module.training)
-        for param, target, name, module in mine:
-            key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
-            call = self.calls.get(key, 0)
-            self.calls[key] = call + 1
-            training = module.training
-            self.guarded(self.record_tensor, target, call, "param", name, param.detach(),
-                         training)
-            if param.grad is not None:
-                self.guarded(self.record_tensor, target, call, "step_grad", name, param.grad,
-                             training)
-            update = self.snapshots.update(param)
-            if update is not None:
-                self.guarded(self.record_tensor, target, call, "update", name, update, training)
-        self.snapshots.clear()
-
     # --- to the host ------------------------------------------------------------------------
     def flush(self) -> None:
         """Move the pending step's statistics to the host (one transfer per device)."""
         with self._lock:
-            pending, self.pending = self.pending, _Pending(self.exact_std, self._store.max_rows)
+            pending, self.pending = self.pending, Pending(self.exact_std, self._store.max_rows)
             self._seen.clear()
-            if not pending.rows:
+            step = pending.to_host(self._failed, memory=self.memory is not None)
+            if step is None:
                 return
-            # Ctrl-C can land between the two appends of record_tensor
-            n = min(len(pending.rows), len(pending.slots))
-            rows, slots = pending.rows[:n], pending.slots[:n]
-            try:
-                values = pending.stats.table(slots)
-            except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
-                self._failed(e, f"statistics of step {rows[0][0]}")
-                values = np.full((n, len(VALUES)), np.nan)
-            memory = np.array(pending.memory[:n], dtype=float) if self.memory else None
-            extras = self._extras(pending, rows[0][0])
-            self._store.receive(rows, values, pending.hists, memory, extras)
+            self._store.receive(*step)
         self._store.tell_listeners()
 
-    def _extras(self, pending: _Pending, step: int) -> dict | None:
-        """What the step holds beside its rows, by name (channels cross to the host here)."""
-        if not pending.channels and not pending.optimizer:
-            return None
-        extras: dict = {"step": step}
-        try:
-            if pending.channels:
-                extras["channels"] = channels_to_host(pending.channels)
-        except Exception as e:
-            self._failed(e, f"input channels of step {step}")
-        if pending.optimizer:
-            extras["optimizer"] = [g for groups in pending.optimizer.values() for g in groups]
-        return extras
+    def add_param_groups(self, optimizer, groups: list[dict]) -> None:
+        """params=True: the param groups of `optimizer` that hold this model's parameters, as
+        this step's (optimizer_rows.py)."""
+        with self._lock:
+            self.pending.optimizer[id(optimizer)] = groups

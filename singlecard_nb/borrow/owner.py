@@ -1,24 +1,22 @@
-"""Owners for borrowed global state: monkey-patches, environment variables, hooks, callbacks.
-
-Every change singlecard_nb makes to torch, IPython or the process environment goes through a
-`Borrowed` owner, which knows how to undo it. Owners are registered globally so that
-`%unload_ext singlecard_nb` (`restore_all`) can give everything back, and `%singlecard status`
-can say what is active. Patches nest: when two owners patch the same attribute and the lower one
-is restored first, the upper one is rewired to restore the original, not the lower one's value.
-An environment variable changed by someone else after we set it is theirs: restoring keeps it.
+"""`Borrowed`: the owner of a group of changes to global state (attributes, mapping items,
+environment variables, hooks, callbacks), which it undoes together; every live owner is known
+here, so that `restore_all()` gives everything back and `active_owners()` says what is held.
+Patches nest: when two owners patch the same attribute and the lower one is restored first,
+the upper one is rewired to restore the original, not the lower one's value. An environment
+variable changed by someone else after we set it is theirs: restoring keeps it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import signal
 import sys
 import threading
-import warnings
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, TypeVar
+
+from .after_import import AfterImport
+from .interrupts import uninterrupted
 
 _Handle = TypeVar("_Handle")
 
@@ -30,40 +28,6 @@ _stacks: dict[tuple[str, int, str], list[_Change]] = {}
 # Owners holding at least one change, strongly referenced so nothing borrowed is ever orphaned.
 _owners: dict[int, Borrowed] = {}
 _next_owner_id = 0
-
-
-@contextlib.contextmanager
-def uninterrupted() -> Iterator[None]:
-    """Ctrl-C held back until the block ends, then delivered as it would have been.
-
-    A change and its owner's note of it are one step: a KeyboardInterrupt landing between a
-    hook's registration and the owner taking its handle would leave the hook in torch's table
-    for good. Python delivers SIGINT to the main thread only, so elsewhere (and inside another
-    such block, and where no Python handler is installed) this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None or getattr(previous, "_holds_ctrl_c", False):
-        yield
-        return
-    caught: list[tuple[int, Any]] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        caught.append((signum, frame))
-
-    hold._holds_ctrl_c = True  # type: ignore[attr-defined]
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            if callable(previous):
-                previous(*caught[0])  # Python's own handler: raises KeyboardInterrupt here
-            elif previous == signal.SIG_DFL:
-                signal.raise_signal(signal.SIGINT)
 
 
 class _Change:
@@ -196,7 +160,7 @@ class Borrowed:
         if module is not None:
             then(module)
             return
-        finder = _AfterImport(name, then, label)
+        finder = AfterImport(name, then, label)
         with uninterrupted():
             sys.meta_path.insert(0, finder)
             self.on_restore(finder.remove, f"{label} (waiting for `import {name}`)")
@@ -268,104 +232,6 @@ def _pop(change: _Change) -> None:
         stack.pop(position)
         if not stack:
             del _stacks[change.key]
-
-
-class Listeners:
-    """One borrowed patch or hook shared by many listeners, who come and go as a tuple.
-
-    The patch is made by `install(owner)` when the first listener arrives. Listeners are kept
-    in a tuple that is replaced, never changed, so a dispatch loop running in another thread
-    (`for fn in self.listeners`) never sees it change. `keep` keeps the patch when the last
-    listener leaves (for a table torch iterates while another thread may change it; the owner
-    is still given back by `restore_all()` on unload).
-    """
-
-    name = "listeners"
-    keep = False
-
-    def __init__(self) -> None:
-        self.listeners: tuple[Callable, ...] = ()
-        self._owner: Borrowed | None = None
-        self._lock = threading.Lock()
-
-    def install(self, owner: Borrowed) -> None:
-        raise NotImplementedError
-
-    def add(self, listener: Callable) -> None:
-        with uninterrupted(), self._lock:
-            self._install_once()
-            self.listeners = (*self.listeners, listener)
-
-    def _install_once(self) -> None:
-        """The patch made under a new owner if none holds it (the caller holds the lock)."""
-        if self._owner is None or not self._owner.active:
-            owner = Borrowed(self.name)
-            try:
-                self.install(owner)
-            except BaseException:  # half made: given back, also on Ctrl-C
-                owner.restore()
-                raise
-            self._owner = owner
-
-    def discard(self, listener: Callable) -> None:
-        with self._lock:
-            self.listeners = tuple(fn for fn in self.listeners if fn is not listener)
-            if not self.listeners and not self.keep and self._owner is not None:
-                owner, self._owner = self._owner, None
-                owner.restore()
-
-
-class _AfterImport:
-    """A `sys.meta_path` finder that lets the others find module `name` and runs `then` on
-    the module once its code has run; it takes itself off the path the first time."""
-
-    def __init__(self, name: str, then: Callable[[Any], None], label: str):
-        self.name, self.then, self.label = name, then, label
-
-    def remove(self) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        self.remove()
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenLoader(spec.loader, self.then, self.label)
-        return spec
-
-
-class _ThenLoader:
-    """The real loader, and `then(module)` after it ran the module; the module keeps the real
-    loader as its `__loader__`."""
-
-    def __init__(self, loader: Any, then: Callable[[Any], None], label: str):
-        self._loader, self._then, self._label = loader, then, label
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        module.__loader__ = self._loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        try:
-            self._then(module)
-        except Exception as e:  # the user's import goes on; what we could not do is said
-            warnings.warn(f"singlecard_nb: {self._label} could not be made when "
-                          f"{module.__name__} was imported: {type(e).__name__}: {e}",
-                          RuntimeWarning, stacklevel=2)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
 
 
 def wrap_like(original: Callable, replacement: Callable) -> Callable:

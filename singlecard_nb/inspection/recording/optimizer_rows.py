@@ -1,0 +1,62 @@
+"""params=True: what each optimiser step adds to the pending step: the parameters it updated,
+the gradients it used and their update Δw ("param", "step_grad", "update" rows), the model's
+buffers once per step, and the param groups' lr and weight decay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .extras import ParamTargets, Snapshots, param_groups
+from .recorder import Recorder
+
+
+class OptimizerRows:
+    """The rows of `recorder` that optimiser steps make while one attachment lasts.
+
+    snapshots: the parameters just before a step (for Δw; within a byte budget).
+    """
+
+    def __init__(self, recorder: Recorder, say: Callable[[str, str], None]):
+        self._recorder = recorder
+        self.snapshots = Snapshots(say)
+
+    def before_step(self, optimizer, param_targets: ParamTargets) -> None:
+        """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
+        self._recorder.guarded(self.snapshots.take, optimizer, param_targets)
+
+    def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
+        """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
+        the buffers once per step, after its first optimiser step, when this step's forward has
+        updated them; the param groups' lr and weight decay."""
+        recorder = self._recorder
+        calls = recorder.calls  # cleared, never replaced, at each step
+        found = ((p, param_targets.get(p)) for group in optimizer.param_groups
+                 for p in group["params"])
+        mine = [(p, *targeted) for p, targeted in found if targeted is not None]
+        if mine:
+            recorder.optimizer_steps += 1
+            recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets))
+            if "buffers" not in calls:  # once per step (calls is cleared at each)
+                calls["buffers"] = 1
+                for target, module_ref in buffer_modules:
+                    module = module_ref()
+                    if module is None:
+                        continue
+                    for name, buffer in module.named_buffers(recurse=False):
+                        recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
+                                         buffer.detach(), module.training)
+        for param, target, name, module in mine:
+            key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
+            call = calls.get(key, 0)
+            calls[key] = call + 1
+            training = module.training
+            recorder.guarded(recorder.record_tensor, target, call, "param", name,
+                             param.detach(), training)
+            if param.grad is not None:
+                recorder.guarded(recorder.record_tensor, target, call, "step_grad", name,
+                                 param.grad, training)
+            update = self.snapshots.update(param)
+            if update is not None:
+                recorder.guarded(recorder.record_tensor, target, call, "update", name, update,
+                                 training)
+        self.snapshots.clear()

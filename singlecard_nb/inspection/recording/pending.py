@@ -1,0 +1,61 @@
+"""The pending step: the rows recorded since the step began, whose statistics may still be on
+the device, and what they become on the host (one transfer per device, at `to_host`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..kernel.stats import StepStats
+from ..kernel.values import VALUES
+from .extras import channels_to_host
+
+
+class Pending:
+    """Rows of the current step whose statistics may still be on the device."""
+
+    def __init__(self, exact_std: bool, max_rows: int):
+        self.max_rows = max_rows  # flushed when reached (the store's bound, read per step)
+        self.rows: list[tuple] = []  # (step, path, type, call, io, index, shape, dtype, device)
+        self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
+        self.stats = StepStats(exact_std)
+        self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
+        self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
+        self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
+
+    def to_host(self, failed: Callable[[BaseException, str], None], *,
+                memory: bool) -> tuple | None:
+        """(rows, values, hists, memory, extras) as the store receives them, or None when no
+        row was recorded. A failure is handed to `failed` (a reduction interrupted half-way:
+        the rows are kept, with NaN statistics).
+
+        memory: whether memory=True's columns were recorded (else None in their place)."""
+        if not self.rows:
+            return None
+        # Ctrl-C can land between the two appends of record_tensor
+        n = min(len(self.rows), len(self.slots))
+        rows, slots = self.rows[:n], self.slots[:n]
+        try:
+            values = self.stats.table(slots)
+        except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
+            failed(e, f"statistics of step {rows[0][0]}")
+            values = np.full((n, len(VALUES)), np.nan)
+        columns = np.array(self.memory[:n], dtype=float) if memory else None
+        return rows, values, self.hists, columns, self._extras(failed, rows[0][0])
+
+    def _extras(self, failed: Callable[[BaseException, str], None], step: int) -> dict | None:
+        """What the step holds beside its rows, by name (channels cross to the host here)."""
+        if not self.channels and not self.optimizer:
+            return None
+        extras: dict = {"step": step}
+        try:
+            if self.channels:
+                extras["channels"] = channels_to_host(self.channels)
+        except Exception as e:
+            failed(e, f"input channels of step {step}")
+        if self.optimizer:
+            extras["optimizer"] = [g for groups in self.optimizer.values() for g in groups]
+        return extras
