@@ -48,6 +48,21 @@ def test_cuda_oom_names_module_allocation_and_micro_batch(monkeypatch):
     assert 1 <= micro < 64 and 256 % micro == 0
 
 
+def test_the_hint_survives_a_dead_weak_proxy_in_the_heap(monkeypatch):
+    # Left by other code in a long kernel; asking its class raises ReferenceError
+    import weakref
+
+    class Gone:
+        pass
+
+    dead = weakref.proxy(Gone())
+    holder = [dead]  # the proxy stays on the heap the rule walks for optimizers
+    model = _model()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        model(torch.randn(64, 32))
+    assert "trying to allocate 2.0 GiB" in repr(scn.explain(info.value)) and holder
+
+
 def test_cpu_allocator_failure_is_explained_with_the_inspectors_table():
     class Huge(nn.Module):
         def forward(self, x):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import re
-import warnings
 
 import torch
 from torch import nn
@@ -44,10 +43,10 @@ def _resident(root: nn.Module, table: dict | None) -> dict[str, int]:
                               for t in (*params.values(), *root.buffers()))
     kinds["gradients"] = sum(p.grad.numel() * p.grad.element_size()
                              for p in params.values() if p.grad is not None)
-    with warnings.catch_warnings():  # some objects warn when their class is looked at
-        warnings.simplefilter("ignore")
-        optimizers = [obj for obj in gc.get_objects()  # only on failure: the heap walked once
-                      if isinstance(obj, torch.optim.Optimizer)]
+    # only on failure: the heap walked once. type(), not isinstance(): isinstance asks an
+    # object's __class__, which a dead weakref.proxy answers with ReferenceError and some
+    # objects answer with a warning
+    optimizers = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.optim.Optimizer)]
     for obj in optimizers:
         if any(id(p) in params for group in obj.param_groups for p in group["params"]):
             kinds["optimizer"] += sum(v.numel() * v.element_size()
