@@ -80,6 +80,21 @@ def test_factory_functions_and_new_tensors_take_the_pinned_device():
             del torch._GLOBAL_DEVICE_CONTEXT.device_context  # torch 2.6-2.7 read None as an error
 
 
+def test_device_contexts_still_work_after_single_card_mode_is_given_back():
+    from torch.utils import _device
+
+    _device._device_constructors.cache_clear()  # as in a fresh process: torch fills it on first use
+    parallel.enable(CPU)
+    torch.set_default_device("cuda")
+    assert torch.ones(1).device == CPU  # a device context's first factory: torch fills its cache
+    torch.set_default_device(None)
+    if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", 0) is None:
+        del torch._GLOBAL_DEVICE_CONTEXT.device_context  # torch 2.6-2.7 read None as an error
+    parallel.disable()
+    with torch.device("meta"):
+        assert torch.empty(2).is_meta and nn.Linear(2, 2).weight.is_meta
+
+
 def test_torchscript_still_compiles_code_that_calls_a_factory(tmp_path):
     # torch.distributed.optim scripts such code when first imported: it must not break.
     (tmp_path / "scripted_make.py").write_text(

@@ -33,7 +33,24 @@ __all__ = ["FACTORIES", "TENSOR_FACTORIES", "Remapper", "install"]
 
 def install(owner: Borrowed, remapper: Remapper) -> None:
     """Patch every call that takes a device so that it follows `remapper` (owned by `owner`)."""
+    _device_constructors_from_torch(owner)
     patch_moves(owner, remapper)
     patch_factories(owner, remapper)
     patch_load(owner, remapper)
     patch_selection(owner, remapper)
+
+
+def _device_constructors_from_torch(owner: Borrowed) -> None:
+    """`with torch.device(d)` and `torch.set_default_device(d)` give `d` to the factories in
+    torch's cached set of them (`torch.utils._device._device_constructors`, made on first use).
+    Made while the factories are patched, it would hold the patches and, once they are given
+    back, none of torch's own: device contexts would stop working for the rest of the process.
+    So it is made from torch's own factories before patching, and forgotten at the release."""
+    from torch.utils import _device
+
+    constructors = getattr(_device, "_device_constructors", None)
+    if constructors is None or not hasattr(constructors, "cache_clear"):
+        return
+    constructors.cache_clear()
+    constructors()
+    owner.on_restore(constructors.cache_clear, "torch's cached device constructors")
