@@ -22,10 +22,11 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 say "ruff check (a few seconds)"
 .venv/bin/ruff check singlecard_nb tests benchmarks scripts
-say "pytest (the whole suite: about 1 070 tests in two workers, about 13 min on 2 loaded cores; a dot per" \
+say "pytest (the whole suite: about 1 100 tests in two workers, 12-24 min on 2 cores, more when loaded; a dot per" \
     "test as it ends and the 15 slowest at the end; ./test.sh -k NAME runs a part, ./test.sh -n 0" \
     "in one process)"
 # The tests that depend on how torch was built (marker torch_build) run here against this
 # .venv's torch; .ci/run's latest lane runs them against PyPI's CUDA build of torch 2.15.0.
-# Two workers, a test file each (pytest-xdist): about 5 minutes instead of 8 on two cores.
+# Two workers, a test file each (pytest-xdist), in collection order (--no-loadscope-reorder):
+# tests/conftest.py puts the longest files first, so the run does not end on one of them alone.
 exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"
