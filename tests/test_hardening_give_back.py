@@ -3,6 +3,7 @@ closed process group and a hung compiler used to leave behind."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -217,6 +218,22 @@ _FSDP2 = textwrap.dedent("""
 """)
 
 
+def _gloo_listeners_torch_alone_keeps(tmp_path) -> int:
+    """The gloo listeners a process without this package still has after the same script ran
+    three times and dropped its model: torch 2.15's FSDP2 keeps one for the process (2.13: none).
+    The rendezvous store's own port is not counted: under a pin it is never opened here."""
+    port = 29500 + os.getpid() % 400
+    code = (f"import gc, os\nos.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{port}', "
+            "RANK='0', WORLD_SIZE='1')\n"
+            f"for _ in range(3):\n    exec({_FSDP2!r}, {{}})\ngc.collect()\n"
+            "from singlecard_nb.parallel.sockets import listening_sockets\n"
+            f"print(sum(not a.endswith(':{port}') for a in listening_sockets().values()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.split()[-1])
+
+
 @fsdp2_on_cpu
 def test_fsdp2_runs_under_singlecard_cpu_leave_no_gloo_listener(shell, tmp_path):
     import gc
@@ -226,6 +243,7 @@ def test_fsdp2_runs_under_singlecard_cpu_leave_no_gloo_listener(shell, tmp_path)
     if not sys.platform.startswith("linux"):
         pytest.skip("listening sockets are read from /proc (Linux)")
     pytest.importorskip("torch.distributed.fsdp")
+    kept_by_torch = _gloo_listeners_torch_alone_keeps(tmp_path)
     script = tmp_path / "fsdp2.py"
     script.write_text(_FSDP2)
     _run(shell, "%singlecard cpu")
@@ -237,11 +255,13 @@ def test_fsdp2_runs_under_singlecard_cpu_leave_no_gloo_listener(shell, tmp_path)
             gc.collect()
             after.append(set(listening_sockets()) - before)
         # the last run's model (still in the namespace) holds its group: one listener at most
-        assert all(len(opened) <= 1 for opened in after), after
+        # beyond what torch keeps for the process; none more per %run
+        assert all(len(opened) <= 1 + kept_by_torch for opened in after), (after, kept_by_torch)
         for name in ("model", "opt"):
             shell.user_ns.pop(name, None)
         shell.clear_main_mod_cache()  # %run keeps the script's namespace for pickling too
         gc.collect()
-        assert set(listening_sockets()) == before, "a gloo listener outlived its runs"
+        left = set(listening_sockets()) - before
+        assert len(left) <= kept_by_torch, f"a gloo listener outlived its runs: {left}"
     finally:
         _run(shell, "%singlecard off")
