@@ -150,6 +150,13 @@ def _hanging_compiler(tmp_path: Path) -> tuple[Path, Path]:
     return hanging, pids
 
 
+def _run_with_compiler(compiler: Path, tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python whose kernel builds with `compiler`, into a cache of its own."""
+    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(tmp_path / "cache"), "CC": str(compiler)}
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+
+
 def _gone(pids: Path) -> list[int]:
     """The noted pids still running after a few seconds' grace."""
     alive = [int(p) for p in pids.read_text().split()]
@@ -170,10 +177,7 @@ def test_a_hanging_compiler_gives_up_within_the_timeout_with_one_plain_notice(tm
               "ok = native.wait(60)\n"
               "print(json.dumps({'ok': ok, 'took': time.monotonic() - began,\n"
               "                  'status': native.status()}))\n")
-    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(tmp_path / "cache"),
-           "CC": str(hanging)}
-    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
-                         capture_output=True, timeout=120)
+    run = _run_with_compiler(hanging, tmp_path, script)
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert not out["ok"] and out["took"] < 30  # one timeout, not one per way of building
@@ -193,10 +197,7 @@ def test_a_hanging_compiler_and_its_children_end_with_the_process_that_started_i
               ".exists() else True:\n"
               "    time.sleep(0.05)\n"
               "print('compiler running')\n")
-    env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(tmp_path / "cache"),
-           "CC": str(hanging)}
-    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, text=True,
-                         capture_output=True, timeout=120)
+    run = _run_with_compiler(hanging, tmp_path, script)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "compiler running" in run.stdout
     assert _gone(pids) == [], "the compiler or its child outlived the process"

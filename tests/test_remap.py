@@ -15,6 +15,7 @@ from singlecard_nb import session
 from singlecard_nb.notices import Notices
 from singlecard_nb.parallel import remap
 from singlecard_nb.parallel import single_card as parallel
+from singlecard_nb.pinning.torch_side import forget_empty_default_device
 
 CPU = torch.device("cpu")
 HAS_CUDA = torch.cuda.is_available()  # never on the CI box; only decides what "natively" means
@@ -76,8 +77,7 @@ def test_factory_functions_and_new_tensors_take_the_pinned_device():
         assert torch.ones(1).device == CPU
     finally:
         torch.set_default_device(None)
-        if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", 0) is None:
-            del torch._GLOBAL_DEVICE_CONTEXT.device_context  # torch 2.6-2.7 read None as an error
+        forget_empty_default_device()  # torch 2.6-2.7 read its None as an error
 
 
 def test_device_contexts_still_work_after_single_card_mode_is_given_back():
@@ -88,8 +88,7 @@ def test_device_contexts_still_work_after_single_card_mode_is_given_back():
     torch.set_default_device("cuda")
     assert torch.ones(1).device == CPU  # a device context's first factory: torch fills its cache
     torch.set_default_device(None)
-    if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", 0) is None:
-        del torch._GLOBAL_DEVICE_CONTEXT.device_context  # torch 2.6-2.7 read None as an error
+    forget_empty_default_device()  # torch 2.6-2.7 read its None as an error
     parallel.disable()
     with torch.device("meta"):
         assert torch.empty(2).is_meta and nn.Linear(2, 2).weight.is_meta

@@ -78,12 +78,19 @@ def set_default_device(device: torch.device, owner: borrow.Borrowed) -> None:
 
     def restore() -> None:
         set_default(previous)
-        if getattr(globals_, "device_context", 0) is None:
-            # "no default device" as torch 2.6-2.7 can read it: their get_default_device()
-            # fails on the None context their own set_default_device(None) leaves
-            del globals_.device_context
+        forget_empty_default_device()
 
     owner.on_restore(restore, "torch default device")
+
+
+def forget_empty_default_device() -> None:
+    """"No default device" as torch 2.6-2.7 can read it: their get_default_device() fails on
+    the None context their own set_default_device(None) leaves, so such a context goes."""
+    import torch
+
+    globals_ = torch._GLOBAL_DEVICE_CONTEXT
+    if getattr(globals_, "device_context", 0) is None:
+        del globals_.device_context
 
 
 def no_cuda_note() -> str:
