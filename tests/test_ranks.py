@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -326,6 +327,25 @@ def test_ctrl_c_stops_every_rank(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         RankJob(ranks, str(tmp_path), echo=echo).run()
+    _nothing_left([ranks])
+
+
+def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    ranks = launch.plan(2, "cpu", str(tmp_path), [str(script)])
+
+    class Impatient(RankJob):
+        def stop(self):
+            signal.raise_signal(signal.SIGINT)  # pressed again as the stopping begins
+            super().stop()
+
+    def echo(rank, line, stream):
+        if line == "started":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Impatient(ranks, str(tmp_path), echo=echo).run()
     _nothing_left([ranks])
 
 

@@ -63,15 +63,29 @@ def test_reports_net_and_peak_rss_of_each_cell():
     assert all(word in freed["text"] for word in ("peak", "net", "RSS"))
 
 
-def test_sampled_peak_is_labelled_when_the_kernel_peak_cannot_be_reset(shell, reports, monkeypatch):
-    monkeypatch.setattr(watch, "_reset_rss_peak", lambda: False)
+SAMPLED_PEAK = """
+    import json
+    from IPython.core.interactiveshell import InteractiveShell
+    from singlecard_nb.notebook import watch
+    reports = []
+    watch.display = reports.append
+    watch._reset_rss_peak = lambda: False  # as a kernel where /proc/self/clear_refs is refused
+    shell = InteractiveShell.instance()
     shell.run_cell("import time, torch")
     watch.start(shell)
     shell.run_cell("tmp = torch.ones(128 * 2**20 // 4); time.sleep(0.1); del tmp")
-    (report,) = reports
-    assert not report.peak_exact
-    assert "sampled" in repr(report)
-    assert report.peak >= report.now - report.net + 100 * MIB  # the sampler saw the tensor
+    print(json.dumps([{"exact": r.peak_exact, "net": r.net, "peak": r.peak, "now": r.now,
+                       "text": repr(r)} for r in reports]))
+"""
+
+
+def test_sampled_peak_is_labelled_when_the_kernel_peak_cannot_be_reset():
+    # A fresh interpreter, as above: in a long-lived test process the allocator may hand the
+    # tensor pages it already holds, and RSS never rises for the sampler to see (floor lane).
+    (report,), _ = run_fresh_python(textwrap.dedent(SAMPLED_PEAK))
+    assert not report["exact"]
+    assert "sampled" in report["text"]
+    assert report["peak"] >= report["now"] - report["net"] + 100 * MIB  # the sampler saw the tensor
 
 
 def test_stop_and_unload_remove_the_callbacks(shell, reports):

@@ -9,8 +9,8 @@ and the ranks' statuses (agent.py), and decides:
   waited);
 - no rank moved for `hang_after` seconds: stop every rank, raise `RanksHang`;
 - Ctrl-C (KeyboardInterrupt in the calling thread): stop every rank, re-raise.
-Stopping is in `finally`: SIGKILL to each rank's process group, then wait for it, so no child,
-socket or port outlives the run.
+Stopping is in `finally`, with Ctrl-C held back until it is done: SIGKILL to each rank's
+process group, then wait for it, so no child, socket or port outlives the run.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from ..borrow import uninterrupted
 from . import agent, doctor
 from .launch import Rank
 
@@ -62,7 +63,10 @@ class RankJob:
                 self._start(spec)
             return self._watch()
         finally:
-            self.stop()
+            # A second Ctrl-C (people press it again when a stop takes a moment) waits until
+            # every rank is killed and reaped; it would otherwise leave ranks running.
+            with uninterrupted():
+                self.stop()
 
     # --- starting ---------------------------------------------------------------------------
     def _start(self, spec: Rank) -> None:
