@@ -116,11 +116,12 @@ _STOP_ELSEWHERE = textwrap.dedent("""
 
 
 def test_memory_stop_from_another_thread_then_exit_does_not_abort():
-    for _ in range(3):
-        run = subprocess.run([sys.executable, "-c", _STOP_ELSEWHERE], capture_output=True,
-                             text=True, timeout=120)
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert "done" in run.stdout, run.stdout  # not "hooks left" in the main thread
+    # Once: "hooks left" was certain on the old code; the abort at exit it led to was not (it
+    # was seen in 3 of 5 runs elsewhere, never here), so more runs would add time, not a check.
+    run = subprocess.run([sys.executable, "-c", _STOP_ELSEWHERE], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "done" in run.stdout, run.stdout  # not "hooks left" in the main thread
 
 
 _SWEEP = textwrap.dedent("""

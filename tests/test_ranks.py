@@ -316,20 +316,6 @@ def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys
     _nothing_left(launched)
 
 
-def test_ctrl_c_stops_every_rank(tmp_path):
-    script = tmp_path / "sleeper.py"
-    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
-    ranks = launch.plan(2, "cpu", str(tmp_path), [str(script)])
-
-    def echo(rank, line, stream):
-        if line == "started":
-            raise KeyboardInterrupt  # what Ctrl-C raises in the notebook's main thread
-
-    with pytest.raises(KeyboardInterrupt):
-        RankJob(ranks, str(tmp_path), echo=echo).run()
-    _nothing_left([ranks])
-
-
 def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
@@ -342,7 +328,7 @@ def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_pat
 
     def echo(rank, line, stream):
         if line == "started":
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt  # what Ctrl-C raises in the notebook's main thread
 
     with pytest.raises(KeyboardInterrupt):
         Impatient(ranks, str(tmp_path), echo=echo).run()
