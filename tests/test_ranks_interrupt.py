@@ -26,19 +26,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _until_idle(client, msg_id: str, seen: list[str], deadline: float) -> dict:
-    """Collect the cell's stream text into `seen` until its execute_reply; the reply."""
+def _read_cell(client, msg_id: str, seen: list[str], until, timeout: float) -> None:
+    """Add the cell's stream text to `seen` until `until(message)` is true."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             msg = client.get_iopub_msg(timeout=0.5)
         except queue.Empty:
             continue
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
             seen.append(msg["content"]["text"])
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" \
-                and msg["content"]["execution_state"] == "idle":
-            return client.get_shell_msg(timeout=10)["content"]
-    raise AssertionError("the cell did not end: " + "".join(seen))
+        if until(msg):
+            return
+    raise AssertionError("waited in vain; the cell printed: " + "".join(seen))
+
+
+def _started(seen: list[str]) -> list[int]:
+    return [int(pid) for pid in re.findall(r"started (\d+)", "".join(seen))]
 
 
 @pytest.mark.slow
@@ -58,19 +64,13 @@ def test_ctrl_c_in_a_kernel_stops_every_rank_and_the_kernel_goes_on(tmp_path):
                                    timeout=120)
         msg_id = client.execute("%run sleeper.py")
         seen: list[str] = []
-        deadline = time.monotonic() + 120
-        while len(re.findall(r"started (\d+)", "".join(seen))) < 2:
-            assert time.monotonic() < deadline, "".join(seen)
-            try:
-                msg = client.get_iopub_msg(timeout=0.5)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                seen.append(msg["content"]["text"])
-        pids = [int(p) for p in re.findall(r"started (\d+)", "".join(seen))]
+        _read_cell(client, msg_id, seen, lambda msg: len(_started(seen)) == 2, timeout=120)
+        pids = _started(seen)
         assert all(_alive(pid) for pid in pids)
         manager.interrupt_kernel()
-        reply = _until_idle(client, msg_id, seen, time.monotonic() + 60)
+        _read_cell(client, msg_id, seen, lambda msg: msg["msg_type"] == "status"
+                   and msg["content"]["execution_state"] == "idle", timeout=60)
+        reply = client.get_shell_msg(timeout=10)["content"]
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
         assert not any(_alive(pid) for pid in pids), "a rank outlived Ctrl-C"
         after = client.execute_interactive("print('still here')", timeout=30)
