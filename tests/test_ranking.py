@@ -147,3 +147,26 @@ def test_no_dollar_reaches_mathjax_and_summary_top_n():
     view = live.LiveView(insp, shell=None)._bundle()["text/html"]
     outside_scripts = re.sub(r"<script.*?</script>", "", view, flags=re.S)
     assert "$" not in outside_scripts and "&#36;" in outside_scripts
+
+
+def test_the_trend_compares_a_step_with_several_outputs_alike_at_both_ends():
+    # nanoGPT's model returns (logits, loss): the step's absmax is the larger of the two at the
+    # first step as at the last, so a model whose figures do not move shows no trend
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 4)
+
+        def forward(self, x):
+            logits = self.head(x)
+            return logits, 100.0 + logits.square().mean()
+
+    torch.manual_seed(0)
+    model, x = WithLoss(), torch.randn(3, 4)
+    with scn.inspect(model) as insp:
+        for _ in range(3):
+            model(x)
+    frame = insp.summary().frame
+    (trend,) = set(frame.loc[frame["module"] == "", "trend"])
+    first, last = trend.split("→")
+    assert first == last and "×" not in trend, trend

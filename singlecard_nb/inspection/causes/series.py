@@ -52,6 +52,8 @@ class Track:
             last[ABSMAX] = nanmax(last[ABSMAX], absmax)
             last[NAN] += nan
             last[INF] += inf
+            if self.first is not None and self.first[0] == step:  # first → last compares alike
+                self.first = (step, last[ABSMAX])
         else:
             entries.append([step, absmax, std, mean, zeros, nan, inf, maximum])
             self.shape, self.dtype = shape, dtype
