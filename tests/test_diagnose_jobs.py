@@ -211,7 +211,7 @@ def test_with_params_the_trap_stops_at_the_step_and_names_the_first_parameter_th
     assert "the first parameter to go wrong was" in hint
 
 
-def _job(monkeypatch, odd: int, ranks: int):
+def _job(monkeypatch, odd: int | None, ranks: int, evaluate_on_rank_0: bool = False):
     frames = []
     for rank in range(ranks):
         monkeypatch.setenv("RANK", str(rank))
@@ -220,6 +220,12 @@ def _job(monkeypatch, odd: int, ranks: int):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with scn.inspect(model, params=True) as insp:
             for step in range(3):
+                if evaluate_on_rank_0 and rank == 0 and step != 1:  # as nanoGPT's estimate_loss
+                    model.eval()
+                    with torch.no_grad():
+                        for _ in range(2):
+                            model(torch.randn(4, 8))
+                    model.train()
                 optimizer.zero_grad()
                 model(torch.randn(4, 8)).pow(2).mean().backward()
                 for p in model.parameters():
@@ -237,6 +243,20 @@ def test_compare_ranks_names_the_odd_rank_by_majority(monkeypatch, odd):
     result = scn.compare_ranks(_job(monkeypatch, odd, 3))
     assert result.odd == odd
     assert repr(result).startswith(f"rank {odd} is the odd one")
+
+
+def test_compare_ranks_matches_optimiser_steps_when_one_rank_also_evaluates(monkeypatch):
+    # rank 0 alone runs 2 evaluation forwards before steps 0 and 2: its steps are numbered
+    # 0-1 eval, 2 train, 3 train, 4-5 eval, 6 train; rank 1's 0, 1, 2
+    clean = scn.compare_ranks(_job(monkeypatch, None, 2, evaluate_on_rank_0=True))
+    assert clean.first is None, repr(clean)
+    assert any("the ranks recorded different steps" in note and "rank 0: 3 of 7" in note
+               and "rank 1: 3 of 3" in note for note in clean.notes), clean.notes
+    planted = scn.compare_ranks(_job(monkeypatch, 1, 2, evaluate_on_rank_0=True))
+    first = planted.first
+    # rank 1 scaled a bias after its second optimiser step (rank 0's step 3): its third step's
+    # parameters are the first to differ, at rank 0's number for that step
+    assert (first.rank, first.step, first.io, first.module) == (1, 6, "param", "0"), first
 
 
 def test_compare_ranks_with_two_ranks_does_not_blame_one(monkeypatch):

@@ -78,6 +78,38 @@ def ranks_of(frame) -> list[int]:
     return sorted(int(r) for r in frame["rank"].unique()) if "rank" in frame.columns else [0]
 
 
+def by_optimizer_steps(frame, reference: int, state_io: tuple[str, ...]):
+    """The frame with every rank's steps numbered as the reference rank's, optimiser step by
+    optimiser step, where the ranks recorded different steps; and a note saying so (None when
+    they recorded the same steps, and the frame is returned as it is).
+
+    Ranks of a DDP job step their optimisers together, but forward passes made outside the
+    training step (nanoGPT evaluates on rank 0 only) number the steps differently on each
+    rank; matched by number, the k-th training step of one rank met another's (k+5)-th. Steps
+    without an optimiser step have no counterpart then, and are left out.
+    """
+    import pandas as pd
+
+    state = frame[frame["io"].isin(state_io)]
+    steps = {int(r): sorted(set(g["step"])) for r, g in state.groupby("rank")}
+    ours = steps.get(reference)
+    if not ours or len(steps) < 2 or all(s == ours for s in steps.values()):
+        return frame, None
+    parts, left = [], []
+    for rank, rows in frame.groupby("rank"):
+        mine = steps.get(int(rank), [])
+        number = dict(zip(mine, ours))
+        kept = rows[rows["step"].isin(number)]
+        parts.append(kept.assign(step=kept["step"].map(number)))
+        total = rows["step"].nunique()
+        left.append(f"rank {rank}: {len(mine)} of {total}")
+    note = ("the ranks recorded different steps (with an optimiser step / in all: "
+            + ", ".join(left) + "): forward passes one rank made alone, as an evaluation on "
+            f"rank {reference} only. They are compared optimiser step by optimiser step, every "
+            f"rank's numbered as rank {reference}'s; steps without one are left out.")
+    return pd.concat(parts, ignore_index=True), note
+
+
 def align(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
           atol: float = 1e-6) -> Alignment:
     """Match the rows of frames `a` and `b` and measure each pair's differences."""

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from ... import theme
-from .alignment import COMPARED, check_stats, ranks_of
+from .alignment import COMPARED, by_optimizer_steps, check_stats, ranks_of
 from .comparison import Comparison, Divergence, compare_frames
 
 __all__ = ["Comparison", "Divergence", "RankComparison", "STATE_IO", "as_frame", "compare",
@@ -107,6 +107,9 @@ class RankComparison:
         self.notes: list[str] = []
         if "rank" not in frame.columns:
             frame = frame.assign(rank=0)
+        frame, renumbered = by_optimizer_steps(frame, self.reference, STATE_IO)
+        if renumbered:
+            self.notes.append(renumbered)
         reference = frame[frame["rank"] == self.reference]
         if len(self.all_ranks) < 2:
             self.notes.append(f"records of one rank only (rank {self.reference}): nothing to "
