@@ -48,6 +48,16 @@ def launched_world_size(environ: Any = None) -> int:
         return 1
 
 
+def launched_ranks(environ: Any = None) -> int:
+    """N where a launcher started this process as one of N > 1 ranks with a rendezvous to
+    meet at (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); 1
+    otherwise, also where only WORLD_SIZE was set by hand (a world of N would wait for N-1
+    ranks nobody started)."""
+    environ = os.environ if environ is None else environ
+    needed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return launched_world_size(environ) if all(environ.get(k) for k in needed) else 1
+
+
 def rank() -> int:
     """This process's rank (0 outside a job)."""
     return place()[0]

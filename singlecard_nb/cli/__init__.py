@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..job import launched_world_size, rank
+from ..job import launched_ranks, rank
 from . import at_exit
 from .arguments import (
     check_script,
@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         from .. import session
 
         try:
-            session.pin(options.device, world=launched_world_size() if agent else 1)
+            # Under torchrun (or `%singlecard --ranks N`) the ranks stay one job: a world of N
+            # on the pinned device, as N real GPUs would run it, not N worlds of one
+            session.pin(options.device, world=launched_ranks())
         except ValueError as e:  # TargetError, a broken machine file: nothing has run
             p.error(f"argument --device: {e}")
     finder = None
