@@ -124,3 +124,11 @@ def test_a_forked_child_leaves_the_parents_record_alone(tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(set(scn.load(tmp_path / "run.db").step)) == list(range(10))
     assert "forked from" in done.stderr and "does not save its records" in done.stderr
+
+
+def test_notices_on_a_terminal_point_at_no_magic(tmp_path, recwarn):
+    # `%singlecard status` exists in IPython only: a terminal run's notices say "said once"
+    moved = _script(tmp_path, "moved.py", "import torch\ntorch.nn.Linear(2, 2).to(3)\n")
+    assert cli.main(["--device", "cpu", str(moved)]) == 0
+    said = [str(w.message) for w in recwarn if "singlecard_nb:" in str(w.message)]
+    assert said and all(m.endswith("[said once]") for m in said), said

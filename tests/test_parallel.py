@@ -427,6 +427,22 @@ def test_init_process_group_twice_and_destroy_then_init_form_worlds_of_one():
     assert not dist.is_initialized()  # our group does not outlive single-card mode
 
 
+def test_a_script_that_checks_rank_is_told_single_card_mode_set_it(monkeypatch):
+    # nanoGPT: `ddp = int(os.environ.get('RANK', -1)) != -1`, then its DDP branch's choices
+    monkeypatch.delenv("RANK", raising=False)
+    parallel.enable(CPU)
+    assert os.environ["RANK"] == "0"
+    with pytest.warns(UserWarning, match="RANK=0 and WORLD_SIZE=1 were set by single-card mode"):
+        dist.init_process_group("gloo", timeout=SHORT)
+    parallel.disable()
+    assert "RANK" not in os.environ
+    monkeypatch.setenv("RANK", "0")  # the user's (or a launcher's) own: nothing to say
+    parallel.enable(CPU)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist.init_process_group("gloo", timeout=SHORT)
+
+
 def test_distributed_sampler_defaults_cover_the_whole_dataset():
     parallel.enable(CPU)
     dist.init_process_group(timeout=SHORT)

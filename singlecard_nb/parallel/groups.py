@@ -61,6 +61,7 @@ class Groups:
         self._group: weakref.ref | None = None  # the default group we formed last
         self._listeners: dict[str, str] = {}  # socket inode -> "host:port", opened by our groups
         self._wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs built while on
+        self.provided_env: frozenset[str] = frozenset()  # torchrun's variables we set
 
     # --- patches ------------------------------------------------------------------------------
     def install(self, owner: Borrowed) -> None:
@@ -84,6 +85,7 @@ class Groups:
             if self.world > 1:
                 return self._form_real_world(original, requested)
             self._say_if_world_ignored(requested.get("world_size", -1))
+            self._say_if_our_rank_chose_the_branch()
             if dist.is_initialized():  # re-running the cell: torch would refuse a second one
                 dist.destroy_process_group()
             backend = self._choose_backend(requested.get("backend"))
@@ -206,6 +208,16 @@ class Groups:
                                      f"nccl: {why}.", stacklevel=3)
             return "gloo"
         return requested
+
+    def _say_if_our_rank_chose_the_branch(self) -> None:
+        # nanoGPT: `ddp = int(os.environ.get('RANK', -1)) != -1`, then its own DDP choices
+        # (cuda:LOCAL_RANK, float16 where no bf16) over its --device and --dtype
+        if "RANK" in self.provided_env:
+            self.notices.say("rank_env", "singlecard_nb: init_process_group forms a world of one: "
+                             "RANK=0 and WORLD_SIZE=1 were set by single-card mode, as torchrun "
+                             "sets them, so a script that checks RANK runs its distributed "
+                             "branch, with that branch's device and dtype choices.",
+                             stacklevel=4)
 
     def _say_if_world_ignored(self, world_size: Any) -> None:
         if world_size not in (-1, 1, None):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
@@ -95,7 +96,8 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         # sent it to the old card); select the new one now that the patch is gone.
         torch.cuda.set_device(device.index)
     owner = Borrowed("single-card mode")
-    notices = Notices(suffix="said once; `%singlecard status` counts each time")
+    notices = Notices(suffix="said once; `%singlecard status` counts each time"
+                      if _in_ipython() else "said once")
     groups = Groups(device, notices, world=world)
     _state.owner, _state.device, _state.notices, _state.groups = owner, device, notices, groups
     _state.world = world
@@ -121,7 +123,7 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         if world == 1 and (size := world_size.from_environ(os.environ)) is not None:
             world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",
                            stacklevel=world_size.outside_this_package())
-        _provide_torchrun_env(owner)
+        groups.provided_env = _provide_torchrun_env(owner)
         done = True
     finally:
         if not done:  # half-way failure (or Ctrl-C): give back what was already changed
@@ -192,13 +194,26 @@ def report() -> dict:
 
 
 # --- the torchrun environment -----------------------------------------------------------------
-def _provide_torchrun_env(owner: Borrowed, environ: MutableMapping[str, str] | None = None) -> None:
+def _provide_torchrun_env(owner: Borrowed,
+                          environ: MutableMapping[str, str] | None = None) -> frozenset[str]:
+    """torchrun's variables for a world of one, where unset; the names set."""
     environ = os.environ if environ is None else environ
+    provided = set()
     for name, value in TORCHRUN_ENV.items():
         if name not in environ:
             owner.set_env(name, value, environ)
+            provided.add(name)
     if "MASTER_PORT" not in environ:
         owner.set_env("MASTER_PORT", str(_free_port()), environ)
+        provided.add("MASTER_PORT")
+    return frozenset(provided)
+
+
+def _in_ipython() -> bool:
+    """Whether an IPython shell runs this (`%singlecard status` exists there, not in a terminal
+    run of `python -m singlecard_nb`)."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
 
 
 def _free_port() -> int:

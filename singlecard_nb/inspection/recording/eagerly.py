@@ -53,7 +53,7 @@ def run_compiled_modules_eagerly(owner: Borrowed, model: nn.Module, wrapper: nn.
         listed = ", ".join(compiled[:5]) + (", ..." if len(compiled) > 5 else "")
         say("compiled", f"compiled modules run eagerly while inspected ({listed}), so "
             "that every module inside them is recorded; the values are those of the "
-            "eager model. insp.stop() gives the compiled code back.")
+            "eager model. The compiled code comes back when the inspection stops.")
 
 
 def compiled_later(owner: Borrowed, model: nn.Module, wrapper: nn.Module,
@@ -66,7 +66,7 @@ def compiled_later(owner: Borrowed, model: nn.Module, wrapper: nn.Module,
         owner.set_attr(model, "_compiled_call_impl", None, "compiled module runs eagerly")
         say("compiled", f"{type(model).__name__}.compile() while it is inspected: it "
             "runs eagerly while inspected, so that every module inside it is "
-            "recorded. insp.stop() gives the compiled code back.")
+            "recorded. The compiled code comes back when the inspection stops.")
         return False
     if model is not inspected:
         return False
@@ -74,5 +74,5 @@ def compiled_later(owner: Borrowed, model: nn.Module, wrapper: nn.Module,
     say("compiled", f"torch.compile({type(model).__name__}) while it is inspected: "
         "the compiled wrapper runs the model eagerly while inspected, so that every "
         "module inside it is recorded; the values are those of the eager model. "
-        "insp.stop() gives the compiled code back.")
+        "The compiled code comes back when the inspection stops.")
     return True
