@@ -132,3 +132,14 @@ def test_notices_on_a_terminal_point_at_no_magic(tmp_path, recwarn):
     assert cli.main(["--device", "cpu", str(moved)]) == 0
     said = [str(w.message) for w in recwarn if "singlecard_nb:" in str(w.message)]
     assert said and all(m.endswith("[said once]") for m in said), said
+
+
+def test_loading_the_save_path_of_two_models_names_their_files(tmp_path):
+    two = _script(tmp_path, "two.py", "import torch\nfor width in (2, 3):\n"
+                  "    model = torch.nn.Linear(width, 1)\n    model(torch.ones(1, width))\n")
+    assert cli.main(["--save", str(tmp_path / "run.db"), str(two)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("run*.db")) == ["run.Linear-2.db", "run.Linear.db"]
+    with pytest.raises(FileNotFoundError) as refused:
+        scn.load(tmp_path / "run.db")
+    assert "that run saved one file per model (run.Linear-2.db, run.Linear.db)" in str(refused.value)
+    assert len(scn.load(tmp_path / "run.Linear.db")) > 0

@@ -241,6 +241,15 @@ def find(path_or_glob: str | os.PathLike | Iterable) -> list[Path]:
             files = [Path(p) for p in sorted(glob.glob(glob.escape(
                 str(target.with_name(target.stem))) + ".rank*" + glob.escape(target.suffix)))]
     if not files:
+        # a run of several models saved one file each: run.Generator.db, run.Discriminator.db
+        stem = glob.escape(str(target.with_name(target.stem)))
+        per_model = sorted(Path(p).name for p in glob.glob(f"{stem}.*{glob.escape(target.suffix)}")
+                           if Path(p).is_file())
+        if target.suffix and per_model:
+            raise FileNotFoundError(
+                f"no saved records at {text!r}: that run saved one file per model "
+                f"({', '.join(per_model)}); load the model's file (two models are two runs, "
+                "not one job)")
         raise FileNotFoundError(
             f"no saved records at {text!r}: give a file written by insp.save(), a directory of "
             "them, or a glob such as 'runs/ddp.rank*.db'")
