@@ -170,3 +170,14 @@ def test_the_trend_compares_a_step_with_several_outputs_alike_at_both_ends():
     (trend,) = set(frame.loc[frame["module"] == "", "trend"])
     first, last = trend.split("→")
     assert first == last and "×" not in trend, trend
+
+
+def test_a_layer_far_below_its_peers_is_no_finding_one_far_above_is():
+    # nanoGPT scales its residual projections' init down (c_proj ÷24 the other Linears): usual
+    flat = [1.0] * 4
+    tracks = _tracks({**{f"h.{i}.fc": ("Linear", flat) for i in range(6)},
+                      "h.0.proj": ("Linear", [0.04] * 4), "h.1.proj": ("Linear", [0.04] * 4),
+                      "head": ("Linear", [30.0] * 4)}, zeros=0.0)
+    why = {r.path: r.why for r in ranking.rank(tracks, group=False)}
+    assert why["h.0.proj"] == why["h.1.proj"] == ""
+    assert why["head"] == "absmax ×30 the median of 9 Linear"

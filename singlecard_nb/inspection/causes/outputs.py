@@ -147,8 +147,10 @@ def type_peers(tracks: Iterable[Track]) -> dict[str, list[tuple[str, float]]]:
 
 
 def _outlier(t: Track, peers: dict[str, list[tuple[str, float]]]) -> tuple[float, str] | None:
-    """Far from the median of its type: by MADs in groups of 4 and more; in groups of 2 or 3
-    against the median of the others, by a wider margin (two Linears are allowed to differ)."""
+    """Far above the median of its type: by MADs in groups of 4 and more; in groups of 2 or 3
+    against the median of the others, by a wider margin (two Linears are allowed to differ).
+    Far below is the usual thing, never a finding: residual projections initialised small
+    (nanoGPT's c_proj, ÷24 its peers) or at zero; a module that outputs nothing is `dead`."""
     absmax = t.entries[-1][ABSMAX]
     group = peers.get(t.type, [])
     if len(group) < 2 or not 0 < absmax < math.inf:
@@ -159,7 +161,7 @@ def _outlier(t: Track, peers: dict[str, list[tuple[str, float]]]) -> tuple[float
         centre = median(values)
         mad = median([abs(v - centre) for v in values])
         off = value - centre
-        if abs(off) < math.log(OUTLIER_RATIO) or abs(off) < 4 * 1.4826 * mad:
+        if off < math.log(OUTLIER_RATIO) or off < 4 * 1.4826 * mad:
             return None
         return abs(off), f"absmax {ratio_text(off)} the median of {len(group)} {t.type}"
     others = [v for path, v in group if path != t.path]
