@@ -376,6 +376,22 @@ def test_a_weight_decay_of_50_on_one_group_is_named_first_against_the_other_grou
     assert "smaller since step 0" in rows[1].why and "weight decay" in rows[1].why
 
 
+def test_adamw_with_an_lr_of_20_is_told_to_check_the_lr_not_its_default_decay():
+    # pytorch/examples' word_language_model --use-optimizer: AdamW(lr=20), weight_decay 0.01 by
+    # default; decay then takes 20 % off every step, and the lr is what was mistyped
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=20)
+    with scn.inspect(model, params=True) as insp:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            optimizer.step()
+    (row,) = [r for r in insp.findings(10) if r.kind == "optimizer"]
+    assert "lr 20 with weight_decay 0.01: decay alone takes 20% off" in row.why, row.why
+    assert row.why.endswith("check the lr given to the optimizer"), row.why
+
+
 def test_amp_clipping_before_unscale_is_named_first_on_the_terminal(capsys):
     status, err = _terminal(capsys, "--params", "--grads",
                             SCRIPTS / "amp_clip_before_unscale.py", 5)

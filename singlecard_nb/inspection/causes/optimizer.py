@@ -12,6 +12,8 @@ from .rows import CONFIG, OUTLIER, Row
 from .series import median, num, times
 
 FAR = 10.0  # a group's lr (or weight decay) this many times the other groups'
+# the tops of the usual ranges (Adam's lr 1e-4 to 1e-2, SGD's to 0.1; decay 1e-5 to 0.1)
+USUAL_LR, USUAL_DECAY = 0.1, 0.1
 # lr × weight_decay from which decay alone shrinks the weights fast: 1 % per step halves them in
 # 70 steps (usual settings take 1e-5 to 1e-4: AdamW lr 1e-3 × 0.1, SGD lr 0.1 × 5e-4)
 SHRINKS = 0.01
@@ -41,19 +43,20 @@ def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> li
                 parts.append(f"{label} {num(value)}, {times(value / base)} {against} "
                              f"({num(base)})")
                 score = max(score, math.log(value / base))
+        checks = {k for k in ("lr", "weight_decay") if any(p.startswith(k) for p in parts)}
         decay = _decay(group, others)
-        if decay is not None and not any(p.startswith("weight_decay") for p in parts):
+        if decay is not None and "weight_decay" not in checks:
             parts.append(decay[0])
         if decay is not None:
             score = max(score, decay[1])
+            checks |= decay[2]
         if not parts:
             continue
         name = group_name(group.get("params", []))
         hit = sorted(p for p in group.get("params", []) if p in troubled)
         effect = (f"; its parameters {', '.join(hit[:3])} show it (see their rows)" if hit
                   else "")
-        setting = " and ".join(k for k in ("lr", "weight_decay")
-                               if any(p.startswith(k) for p in parts))
+        setting = " and ".join(k for k in ("lr", "weight_decay") if k in checks)
         why = (f"`{name}`: " + "; ".join(parts) + f" in param group {group.get('group', i)} of "
                f"{group.get('optimizer', 'the optimizer')}{effect}: check the {setting} given "
                "to the optimizer")
@@ -67,8 +70,10 @@ def assess(groups: list[dict], first_step: int | None, troubled: set[str]) -> li
     return rows
 
 
-def _decay(group: dict, others: list[dict]) -> tuple[str, float] | None:
-    """(words, score) when lr × weight_decay takes SHRINKS or more off the weights per step."""
+def _decay(group: dict, others: list[dict]) -> tuple[str, float, set[str]] | None:
+    """(words, score, the settings to check) when lr × weight_decay takes SHRINKS or more off
+    the weights per step. The one outside its usual range is the one to check: AdamW's
+    default weight_decay 0.01 with an lr of 20 is a wrong lr, not a wrong decay."""
     lr, decay = group.get("lr"), group.get("weight_decay")
     if not all(isinstance(v, (int, float)) and v > 0 for v in (lr, decay)):
         return None
@@ -83,9 +88,14 @@ def _decay(group: dict, others: list[dict]) -> tuple[str, float] | None:
         against = f" (the median of the other {len(rest)} groups': {num(median(rest))})"
     else:
         against = ""
-    return (f"weight_decay {num(decay)}{against} with lr {num(lr)}: decay alone takes "
-            f"{min(shrink, 1.0):.0%} off its weights at every step (lr × weight_decay = "
-            f"{num(shrink)}; usual settings give 1e-5 to 1e-4)", math.log(shrink / SHRINKS))
+    usual_lr, usual_decay = lr <= USUAL_LR, decay <= USUAL_DECAY
+    checks = ({"lr"} if usual_decay and not usual_lr else
+              {"weight_decay"} if usual_lr and not usual_decay else {"lr", "weight_decay"})
+    lead = (f"lr {num(lr)} with weight_decay {num(decay)}{against}" if checks == {"lr"} else
+            f"weight_decay {num(decay)}{against} with lr {num(lr)}")
+    return (f"{lead}: decay alone takes {min(shrink, 1.0):.0%} off its weights at every step "
+            f"(lr × weight_decay = {num(shrink)}; usual settings give 1e-5 to 1e-4)",
+            math.log(shrink / SHRINKS), checks)
 
 
 def group_name(params: list[str]) -> str:
