@@ -176,6 +176,24 @@ def test_the_ranking_and_the_trap_say_float16_overflow_with_the_dtype_max():
     assert hint.startswith("float16 overflow") and "65504" in hint
 
 
+def test_a_norm_fed_exploded_but_finite_values_is_told_they_exploded_before_it():
+    # the LSTM of word_language_model at lr 1e30 got absmax 4e26 from its embedding: not a log
+    # or sqrt of its own, the squares of values that had grown past float32's reach
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    with torch.no_grad():
+        model[0].weight.mul_(1e21)
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True):
+        model(torch.randn(2, 4))
+    hint = scn.explain(caught.value).hint
+    assert hint.startswith("LayerNorm '1' received finite inputs of absmax"), hint
+    assert "had already exploded before this module" in hint and "log or sqrt" not in hint
+    with scn.inspect(model) as insp:  # the ranking says the same
+        model(torch.randn(2, 4))
+    first = _first(insp)
+    assert first.path == "1" and "values that had exploded before it" in first.why, first.why
+
+
 def _diverging(lr: float = 50.0):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))

@@ -57,9 +57,22 @@ def non_finite(f: Failure) -> str | None:
                 f"{counts(err.nan, err.inf)} in its {what}; compute this layer in float32 (under "
                 "autocast: outside it, or with a GradScaler only for the backward), or scale its "
                 "inputs down")
+    if floats and math.isfinite(absmax) and absmax >= _exploded(floats[0].dtype):
+        return (f"{f.label} received finite inputs of absmax {absmax:.3g}, beyond what its "
+                f"products can hold in {dtype_name(floats[0].dtype)} (largest "
+                f"{torch.finfo(floats[0].dtype).max:.3g}), and turned them into "
+                f"{counts(err.nan, err.inf)} in its {what}: the values had already exploded "
+                "before this module; find where they began to grow (the inspector's findings "
+                "lead with it; params=True shows weights that grew)")
     return (f"{f.label} turned finite inputs{size} and finite parameters into "
             f"{counts(err.nan, err.inf)} in its {what}: an operation in its forward produced "
             "them (log or sqrt of a negative number or zero, a division by zero, exp overflow)")
+
+
+def _exploded(dtype: torch.dtype) -> float:
+    """An activation this large has exploded: its products and squares near the dtype's
+    largest value (float32: 2e15; a healthy network's stay below 1e4)."""
+    return torch.finfo(dtype).max ** 0.4
 
 
 _HALF = {"float16": "65504", "bfloat16": "3.39e38"}

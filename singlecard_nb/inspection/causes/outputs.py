@@ -27,6 +27,8 @@ SMALL_GROUP_RATIO = 20.0  # in a group of 2 or 3, this many times the others' me
 DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
 # The largest finite value of the half types: what "overflow" means for them.
 DTYPE_MAX = {"float16": "65504", "bfloat16": "3.39e38"}
+# an input this large has exploded: its products and squares reach the dtype's largest value
+EXPLODED = {"float32": 3.4e38 ** 0.4, "bfloat16": 3.4e38 ** 0.4, "float64": 1.8e308 ** 0.4}
 
 
 def assess(tracks: dict[str, Track]) -> list[Row]:
@@ -114,6 +116,9 @@ def _overflow(t: Track, upstream: Track | None) -> str:
                 f"{seen}; compute this op in float32 (or bfloat16), or scale its inputs down")
     if not fed:
         return born
+    if last[ABSMAX] >= EXPLODED.get(t.dtype, math.inf):
+        return (born + ": values that had exploded before it, beyond what its products can "
+                f"hold in {t.dtype}; find where they began to grow")
     return (born + ": an operation in its forward made them (log or sqrt of 0 or a negative "
             "number, a division by 0, exp overflow)")
 
