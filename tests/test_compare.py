@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import warnings
 
 import matplotlib
 
@@ -274,6 +275,15 @@ def test_params_without_an_optimiser_says_so():
     model = mlp()
     with pytest.warns(RuntimeWarning, match="no torch.optim optimiser stepped"):
         with scn.inspect(model, params=True):
+            model(torch.randn(2, 8))
+
+
+def test_params_on_a_model_only_evaluated_says_nothing():
+    # a best checkpoint reloaded for the test set (word_language_model): no optimiser to see
+    model = mlp().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad(), scn.inspect(model, params=True):
             model(torch.randn(2, 8))
 
 

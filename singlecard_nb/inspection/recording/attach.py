@@ -226,8 +226,9 @@ class Attachment:
         def remove() -> None:
             optimizer_steps.discard(before_optimizer_step, on_optimizer_step)
             rows.snapshots.clear()
-            # when inspection ends: say if nothing was seen
-            if recorder.optimizer_steps == 0 and recorder.step >= 0:
+            # when inspection ends: say if nothing was seen of a model that trained (one only
+            # evaluated, as a reloaded best checkpoint, has no optimiser to see)
+            if recorder.optimizer_steps == 0 and recorder.step >= 0 and recorder.trained:
                 warnings.warn(
                     "singlecard_nb: params=True, but no torch.optim optimiser stepped this "
                     "model's parameters on a recorded step, so there are no 'param' / "

@@ -212,6 +212,8 @@ class CallTracker:
         except Exception as e:
             self._failed(e, "")
             return
+        if not self._recorder.trained and module.training and torch.is_grad_enabled():
+            self._recorder.trained = True
         if (opened is None or opened[1] or not self.recording
                 or self._recorder.inputs != "root"):
             return  # a recursive call of the root records no inputs of its own

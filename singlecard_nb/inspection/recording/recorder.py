@@ -67,6 +67,7 @@ class Recorder:
         self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
         self.pending = Pending(exact_std, store.max_rows)
         self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
+        self.trained = False  # called in training mode with gradients on: a model that learns
         self._store = store
         self._diagnostics = diagnostics
         self._failed = diagnostics.failed
