@@ -79,7 +79,7 @@ def test_a_new_terminal_ipython_records_the_script():
     commands = textwrap.dedent(f"""
         %load_ext singlecard_nb
         %singlecard cpu
-        %inspect all --trap
+        %inspect all --trap --live
         %run {TRAIN} --max_iters=2
         import singlecard_nb as scn
         print("steps", scn.inspectors()["GPT"].steps_recorded)
@@ -93,6 +93,9 @@ def test_a_new_terminal_ipython_records_the_script():
                           input=commands, capture_output=True, text=True, timeout=300)
     assert "Error" not in done.stdout + done.stderr, done.stdout + done.stderr
     assert "steps 6" in done.stdout and "ran again" in done.stdout, done.stdout
+    # --live in a terminal: no update can be drawn in place, so the table is printed once, at
+    # the end (each update printed anew had been a 25-line table per step)
+    assert done.stdout.count("live inspection · step") == 1, done.stdout
 
 
 @pytest.mark.slow

@@ -29,6 +29,13 @@ def _current_shell() -> Any:
     return get_ipython()
 
 
+def updates_in_place(shell: Any) -> bool:
+    """Whether a display in `shell` can be updated in place: a Jupyter kernel's can; a terminal
+    IPython prints every update anew (a 25-line table twice a second, and in a log file)."""
+    return shell is not None and not any(
+        c.__name__ == "TerminalInteractiveShell" for c in type(shell).__mro__)
+
+
 def display(*args: Any, **kwargs: Any) -> Any:
     """IPython's display, imported on first use (tests patch this name)."""
     from IPython.display import display as ipython_display
@@ -61,7 +68,9 @@ class LiveView:
         self._dirty = False
         self._rendering = False
         self._handle: Any = None
-        self._shell = shell if shell is not None else _current_shell()
+        shell = shell if shell is not None else _current_shell()
+        # a terminal IPython is drawn to as a script is: the final table when it stops
+        self._shell = shell if updates_in_place(shell) else None
         self._owner = borrow.Borrowed("live inspection view")
         self.renders = 0  # how many times the view was drawn (tests, curiosity)
         self.error: str | None = None
@@ -70,8 +79,8 @@ class LiveView:
     def attach(self) -> LiveView:
         """Display the view and follow the inspector until it stops.
 
-        Without IPython (a script) nothing is displayed while training; the final table is
-        printed when the inspector stops.
+        Without IPython (a script) or in a terminal IPython nothing is displayed while
+        training; the final table is printed when the inspector stops.
         """
         if self._shell is not None:
             self._handle = display(self._bundle(), raw=True, display_id=True)
