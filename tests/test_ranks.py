@@ -277,6 +277,27 @@ def test_the_side_by_side_view_is_bounded_and_ranks_the_widest_disagreement_firs
     assert view.text("running").splitlines()[2].endswith("the ranks are at other steps")
 
 
+def test_the_side_by_side_view_meets_parameters_at_their_optimiser_step():
+    # nanoGPT evaluates on rank 0 alone: its optimiser steps 4 and 5 fall on its steps 9 and
+    # 12, rank 1's on 4 and 5. Matched by number they never meet; by optimiser step they do.
+    from singlecard_nb.inspection.runs.side_by_side import SideBySide
+
+    def param(pairs, weight):
+        return {"step": pairs[-1][0], "left_out": 0, "series": [
+            {"io": "param", "path": "head.weight", "type": "Linear", "entries": [
+                {"step": step, "opt": opt, "absmax": w, "mean": w / 2, "std": 1.0, "nan": 0,
+                 "inf": 0} for (step, opt), w in zip(pairs, weight)]}]}
+
+    view = SideBySide(2)
+    view.feed({0: {"latest": {"GPT": param([(9, 4), (12, 5)], [1.0, 2.0])}},
+               1: {"latest": {"GPT": param([(4, 4), (5, 5)], [1.0, 2.0])}}})
+    (row,) = view.rows()
+    assert (row.step, row.why) == (12, "equal on every rank"), row
+    view.feed({1: {"latest": {"GPT": param([(4, 4), (5, 5)], [1.0, 2.5])}}})
+    (row,) = view.rows()
+    assert row.why.startswith("DDP keeps it equal on every rank: rank 1's absmax differs"), row
+
+
 @pytest.mark.slow
 def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
     # two ranks show it as well as three (the notebook shows three), at two thirds of the cost

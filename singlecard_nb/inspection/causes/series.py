@@ -42,6 +42,8 @@ class Track:
     # sizes (exploding gradients) skips a run whose sizes never spread that far, at once
     largest: float = 0.0
     least: float = math.inf
+    added: int = 0  # steps ever added (entries keeps the last HISTORY): a parameter's count is
+    # its optimiser steps, by which ranks that numbered their steps differently meet
 
     def add(self, step: int, shape: Any, dtype: str, mean: float, std: float, absmax: float,
             nan: int, inf: int, zeros: float, maximum: float = math.nan) -> None:
@@ -56,6 +58,7 @@ class Track:
                 self.first = (step, last[ABSMAX])
         else:
             entries.append([step, absmax, std, mean, zeros, nan, inf, maximum])
+            self.added += 1
             self.shape, self.dtype = shape, dtype
             if self.first is None:
                 self.first = (step, absmax)

@@ -2,8 +2,10 @@
 where the ranks disagree most.
 
 Fed with the snapshots each rank sends (views/latest.py, inside the ranks' statuses) while the
-job runs; the ranks are compared at the latest step every one of them has, with `align`, the
-matching `compare_ranks` uses, each rank against the lowest. Order: a NaN or Inf some ranks have
+job runs; the ranks are compared at the latest step every one of them has (a parameter, its
+gradient and its update at the latest optimiser step, as `compare_ranks` matches them where a
+rank ran forward passes the others did not), with `align`, the matching `compare_ranks` uses,
+each rank against the lowest. Order: a NaN or Inf some ranks have
 and others not, then what DDP keeps equal on every rank (parameters after the step, the gradient
 it used, the update) where it differs (the likeliest bug), then other differences, largest
 first (outputs differ where each rank reads its own batch), then rows not comparable yet, then
@@ -102,14 +104,17 @@ class SideBySide:
                     if key not in rows:  # in the order the lowest rank first reported them
                         rows[key] = RankRow(model, item["io"], item["path"], item["type"],
                                             len(rows), None, {})
-                    by_rank.setdefault(key, {})[rank] = {e["step"]: e for e in item["entries"]}
+                    # parameters meet at their optimiser step, outputs at their step number
+                    by_rank.setdefault(key, {})[rank] = {e.get("opt", e["step"]): e
+                                                         for e in item["entries"]}
         for key, row in rows.items():
             have = by_rank[key]
             row.missing = [r for r in self.ranks if r not in have]
             common = set.intersection(*(set(e) for e in have.values()))
             if common and not row.missing:
-                row.step = max(common)
-                row.values = {r: entries[row.step] for r, entries in sorted(have.items())}
+                met = max(common)
+                row.values = {r: entries[met] for r, entries in sorted(have.items())}
+                row.step = row.values[min(have)]["step"]  # the lowest rank's number for it
             else:  # each rank's latest, shown but not compared
                 row.values = {r: entries[max(entries)] for r, entries in sorted(have.items())}
         self._compare([r for r in rows.values() if r.step is not None], reporting)

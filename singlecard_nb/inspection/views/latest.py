@@ -29,7 +29,8 @@ class Latest:
 
     def snapshot(self) -> dict[str, Any]:
         """{"step": the latest step, "series": [{"io", "path", "type", "entries": [{"step",
-        "absmax", "mean", "std", "nan", "inf"}, ...]}, ...], "left_out": series not sent}."""
+        "absmax", "mean", "std", "nan", "inf"(, "opt")}, ...]}, ...], "left_out": series not
+        sent}."""
         tracks = self._tracks
         tracks.feed(self._insp.records())
         tables = (("output", tracks.by_path), ("param", tracks.params),
@@ -37,12 +38,18 @@ class Latest:
         every = [(track.order, io, track) for io, table in tables for track in table.values()]
         every.sort(key=lambda item: item[0])
         series = [{"io": io, "path": track.path, "type": track.type,
-                   "entries": [_entry(e) for e in list(track.entries)[-self.last_steps:]]}
+                   "entries": _entries(track, io, self.last_steps)}
                   for _, io, track in every[:self.max_series]]
         return {"step": tracks.last_step, "series": series,
                 "left_out": max(0, len(every) - self.max_series)}
 
 
-def _entry(entry: list) -> dict[str, Any]:
-    return {"step": entry[STEP], "absmax": entry[ABSMAX], "mean": entry[MEAN],
-            "std": entry[STD], "nan": entry[NAN], "inf": entry[INF]}
+def _entries(track: Any, io: str, last: int) -> list[dict[str, Any]]:
+    """The track's last steps; a parameter's, its gradient's and its update's also say which
+    optimiser step each was ("opt", from 0): ranks meet there when one rank also ran forward
+    passes the others did not (nanoGPT evaluates on rank 0 only) and numbers its steps ahead."""
+    entries = list(track.entries)[-last:]
+    first = track.added - len(entries)
+    return [{"step": e[STEP], "absmax": e[ABSMAX], "mean": e[MEAN], "std": e[STD],
+             "nan": e[NAN], "inf": e[INF], **({} if io == "output" else {"opt": first + i})}
+            for i, e in enumerate(entries)]
