@@ -438,6 +438,31 @@ def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(m
     assert len(drawn) == 1 and "ranks side by side: the view failed (KeyError" in \
         drawn[0]["text/plain"]
 
+
+def test_in_a_terminal_ipython_the_ranks_progress_is_printed_once_at_the_end(monkeypatch):
+    import IPython
+
+    from singlecard_nb.notebook import ranks_run
+
+    class TerminalInteractiveShell:  # stands in for IPython's terminal shell, by its name
+        pass
+
+    drawn = []
+
+    def display(bundle, raw=False, display_id=False):
+        drawn.append(bundle)
+        return _Handle(drawn)
+
+    monkeypatch.setattr(ranks_run, "display", display)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: TerminalInteractiveShell())
+    progress = ranks_run._Progress(2)
+    for step in range(1, 4):  # a terminal prints each update anew: only the last is shown
+        progress.update({r: {"records": {"GPT": step}} for r in range(2)})
+    assert drawn == []
+    progress.update({r: {"records": {"GPT": 3}} for r in range(2)}, "finished")
+    assert [b["text/plain"] for b in drawn] == ["records so far: GPT: rank 0 step 3 | rank 1 step 3"]
+
+
 # --- a rank that dies while the others wait: one failure, never two -----------------------------
 def _status(rank: int, where: str, collective: str | None, at: float, raised: dict | None = None):
     status = {"rank": rank, "pid": 100 + rank, "progress": 3, "time": at, "where": where,

@@ -215,10 +215,17 @@ class _Progress:
     """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
 
     def __init__(self, ranks: int):
+        from IPython import get_ipython
+
+        from ..inspection.views.live import updates_in_place
+
         self.ranks = ranks
         self.handle: Any = None
         self.updates = 0  # how many times the output was drawn
         self._last = ""
+        # a terminal IPython prints every update anew: there only the last state is shown
+        shell = get_ipython()
+        self.in_place = shell is None or updates_in_place(shell)
 
     def update(self, statuses: dict[int, Any], state: str = "running") -> None:
         models: dict[str, dict[int, int]] = {}
@@ -231,10 +238,10 @@ class _Progress:
             f"{name}: " + " | ".join(f"rank {r} step {by_rank.get(r, 0)}"
                                      for r in range(self.ranks))
             for name, by_rank in models.items())
-        self._show({"text/plain": text}, text)
+        self._show({"text/plain": text}, text, final=state != "running")
 
-    def _show(self, bundle: dict[str, str], text: str) -> None:
-        if text == self._last:
+    def _show(self, bundle: dict[str, str], text: str, final: bool = False) -> None:
+        if text == self._last or not (self.in_place or final):
             return
         self._last = text
         if self.handle is None:
@@ -270,4 +277,4 @@ class _SideBySide(_Progress):
             text = (f"ranks side by side: the view failed ({self.error}); the ranks go on, "
                     "and their records are read back after the run. See docs/ranks.md.")
             bundle = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
-        self._show(bundle, bundle["text/plain"])
+        self._show(bundle, bundle["text/plain"], final=state != "running")
