@@ -10,6 +10,7 @@ import math
 import torch
 from torch import nn
 
+from ...dtype_limits import EXPLODED, LARGEST_HALF
 from ...dtypes import dtype_name
 from ..failure import Failure, counts, search
 
@@ -49,15 +50,16 @@ def non_finite(f: Failure) -> str | None:
     absmax = max((_finite_absmax(t) for t in floats), default=float("nan"))
     size = f" (absmax {absmax:.3g})" if math.isfinite(absmax) else ""
     half = getattr(err, "dtype", None)
-    if half not in _HALF:
-        half = next((dtype_name(t.dtype) for t in floats if dtype_name(t.dtype) in _HALF), None)
+    if half not in LARGEST_HALF:
+        half = next((dtype_name(t.dtype) for t in floats if dtype_name(t.dtype) in LARGEST_HALF), None)
     if err.inf and half is not None:
         return (f"{half} overflow: {f.label} computes in {half}, whose largest value is "
-                f"{_HALF[half]}: its finite inputs{size} overflowed to "
+                f"{LARGEST_HALF[half]}: its finite inputs{size} overflowed to "
                 f"{counts(err.nan, err.inf)} in its {what}; compute this layer in float32 (under "
                 "autocast: outside it, or with a GradScaler only for the backward), or scale its "
                 "inputs down")
-    if floats and math.isfinite(absmax) and absmax >= _exploded(floats[0].dtype):
+    if floats and math.isfinite(absmax) and \
+            absmax >= EXPLODED.get(dtype_name(floats[0].dtype), math.inf):
         return (f"{f.label} received finite inputs of absmax {absmax:.3g}, beyond what its "
                 f"products can hold in {dtype_name(floats[0].dtype)} (largest "
                 f"{torch.finfo(floats[0].dtype).max:.3g}), and turned them into "
@@ -69,13 +71,6 @@ def non_finite(f: Failure) -> str | None:
             "them (log or sqrt of a negative number or zero, a division by zero, exp overflow)")
 
 
-def _exploded(dtype: torch.dtype) -> float:
-    """An activation this large has exploded: its products and squares near the dtype's
-    largest value (float32: 2e15; a healthy network's stay below 1e4)."""
-    return torch.finfo(dtype).max ** 0.4
-
-
-_HALF = {"float16": "65504", "bfloat16": "3.39e38"}
 
 
 def device_side_assert(f: Failure) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from ...dtype_limits import EXPLODED, LARGEST_HALF
 from .rows import (
     DEAD_TIER,
     FORWARD,
@@ -25,10 +26,6 @@ MOVED = math.log(1.5)  # a statistic that changed by ×1.5 (or ÷1.5) is worth a
 OUTLIER_RATIO = 8.0  # absmax this many times its type's median, and far out in MADs
 SMALL_GROUP_RATIO = 20.0  # in a group of 2 or 3, this many times the others' median
 DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
-# The largest finite value of the half types: what "overflow" means for them.
-DTYPE_MAX = {"float16": "65504", "bfloat16": "3.39e38"}
-# an input this large has exploded: its products and squares reach the dtype's largest value
-EXPLODED = {"float32": 3.4e38 ** 0.4, "bfloat16": 3.4e38 ** 0.4, "float64": 1.8e308 ** 0.4}
 
 
 def assess(tracks: dict[str, Track]) -> list[Row]:
@@ -108,7 +105,7 @@ def _overflow(t: Track, upstream: Track | None) -> str:
     now = t.entries[-1][STEP]
     born = f"; first {counted} at step {t.bad_step}{fed}" if t.bad_step != now else \
         f"; born here{fed}"
-    limit = DTYPE_MAX.get(t.dtype)
+    limit = LARGEST_HALF.get(t.dtype)
     if limit is not None:
         before = [e[ABSMAX] for e in t.entries if e[STEP] < t.bad_step]
         seen = f" (absmax {num(max(before))} before)" if before else ""
