@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
     from torch import nn
 
     dist.init_process_group("nccl")  # written for GPUs; gloo on the pinned CPU
-    print("world", dist.get_rank(), dist.get_world_size(), flush=True)
+    # one string, so that the two ranks' lines cannot interleave inside it on the shared stdout
+    print(f"world {dist.get_rank()} {dist.get_world_size()}", flush=True)
     torch.manual_seed(dist.get_rank())  # DDP's first broadcast makes the ranks' weights one
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(),
                                                               nn.Linear(8, 2)))
