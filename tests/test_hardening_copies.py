@@ -82,3 +82,73 @@ def test_under_inspect_all_a_model_saves_and_a_deep_copy_is_still_no_new_model()
     assert list(scn.inspectors()) == ["Lit"]
     assert hook_counts(loaded) == [0] * len(hook_counts(loaded))
     assert scn.inspectors()["Lit"].steps_recorded == 2
+
+
+# --- a checkpoint loaded back (word_language_model: `model = torch.load(f)` after training) -----
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.hidden(x)))
+
+
+def trained_and_saved(path, steps: int = 3) -> nn.Module:
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(2, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        torch.save(model, path)  # the best model so far, each step
+    return model
+
+
+def evaluated(model: nn.Module, steps: int = 2) -> None:
+    model.eval()
+    with torch.no_grad():
+        for _ in range(steps):
+            model(torch.randn(2, 3))
+
+
+def test_a_model_loaded_back_after_training_continues_its_records(tmp_path):
+    path = tmp_path / "model.pt"
+    with scn.inspect_all(params=True) as finder:
+        model = trained_and_saved(path)
+        model = torch.load(path, weights_only=False)  # the original is dropped here
+        evaluated(model)
+    assert list(scn.inspectors()) == ["Net"]
+    insp = scn.inspectors()["Net"]
+    steps = insp.frame().groupby("step")["training"].first()
+    assert steps.to_dict() == {0: True, 1: True, 2: True, 3: False, 4: False}
+    assert scn.inspector() is insp  # the model called last is the one the user trained
+    (note,) = [e for e in finder.errors if "loaded back" in e]
+    assert "Net's checkpoint of step 2, loaded back, continues Net's records from step 3" in note
+    hooks_left = [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]
+    assert hooks_left == [0, 0, 0]  # and it is given back like any model found
+
+
+def test_a_model_loaded_back_beside_its_living_original_is_a_second_model(tmp_path):
+    path = tmp_path / "model.pt"
+    with scn.inspect_all() as finder:
+        model = trained_and_saved(path)
+        best = torch.load(path, weights_only=False)
+        evaluated(best)
+        evaluated(model)
+    assert list(scn.inspectors()) == ["Net", "Net#2"]
+    assert scn.inspectors()["Net"].steps_recorded == 5
+    assert scn.inspectors()["Net#2"].steps_recorded == 2
+    (note,) = [e for e in finder.errors if "loaded back" in e]
+    assert note.startswith("Net#2 is Net's checkpoint of step 2 loaded back: a second model"), note
+    assert note.endswith("(Net still lives).")
+
+
+def test_a_fresh_model_of_the_same_class_after_a_save_is_a_new_model(tmp_path):
+    # a sweep: each run saves its model, the next starts from a new initialisation
+    with scn.inspect_all() as finder:
+        trained_and_saved(tmp_path / "run1.pt")
+        trained_and_saved(tmp_path / "run2.pt")
+    assert list(scn.inspectors()) == ["Net", "Net#2"]
+    assert [insp.steps_recorded for insp in scn.inspectors().values()] == [3, 3]
+    assert not any("loaded back" in e for e in finder.errors)

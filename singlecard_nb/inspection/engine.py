@@ -196,6 +196,24 @@ class Inspector(InspectorResults):
         the list of the model's pre-hooks already, so the root hook missed its beginning)."""
         self._calls.on_root_pre(self._model(), args, kwargs)
 
+    def continue_on(self, model: nn.Module) -> None:
+        """`model` is this inspector's model loaded back from a checkpoint (`torch.load` makes
+        a new object) after the original was dropped: record it from its next call on, with
+        the same records and step numbers. Stopped inspectors of a dropped model only; not with
+        memory=True (its ledger measures the model it was made for)."""
+        if self.active or self.model is not None or self._memory is not None:
+            raise RuntimeError(f"this inspector of {self._model_name} cannot continue on "
+                               "another model (it is active, its model lives, or memory=True)")
+        self._model, self._wrapper = weakref.ref(model), None
+        self._model_id = id(model)
+        self._calls.follow(model)
+        self.start(hold_model=False)
+
+    @property
+    def current_step(self) -> int:
+        """The number of the step running or last run (-1 before the first)."""
+        return self._recorder.step
+
     @property
     def last_called(self) -> int:
         """When the model's latest step began (a clock of steps across inspectors; 0: never)."""

@@ -5,7 +5,9 @@ on the stack) that has parameters. A DataParallel / DDP / FSDP / torch.compile w
 the model it wraps; a module found while a method of a bigger module runs (a LightningModule's
 `training_step` calling `self.encoder`) counts as that bigger module. Loss modules and other
 parameterless modules are not models, nor are submodules of a model called on their own, nor
-copies of a model (`copy.deepcopy` for EMA, `AveragedModel`).
+copies of a model (`copy.deepcopy` for EMA, `AveragedModel`). A model loaded back from a
+checkpoint of a model found before (`torch.save(model)`, later `model = torch.load(path)`)
+continues that model's records once the original is dropped (checkpoints.py).
 
 Cost: ONE global forward pre-hook looks for models. It is taken out of torch's table when a
 known model's call begins and put back when that call returns, so the calls inside a model run
@@ -19,16 +21,17 @@ import sys
 import threading
 import warnings
 import weakref
-from collections import Counter
 from typing import Any
 
 from torch import nn
 
 from ...borrow import Borrowed, uninterrupted
-from ..engine import Inspector, recording_inspector
+from ..diagnostics import user_stacklevel
+from ..engine import Inspector
 from ..recording.compile_watch import compile_listeners
 from ..recording.stack import calls_on_stack
 from .finder_hook import FinderHook
+from .found import FoundModels
 from .marks import Marks
 from .model_rules import (
     COPY_CLASSES,
@@ -58,13 +61,11 @@ class Discovery:
     def __init__(self, **options: Any):
         Inspector(nn.Module(), **options)  # the options checked where inspect() checks them
         self.options = options
-        self._inspectors: dict[str, Inspector] = {}
+        self._models = FoundModels(options, self._say_once)  # their names and inspectors
         # id(module) -> (weak ref, its inspector or None): models and their wrappers, and what is
         # no model (a model's submodules, copies, modules called inside another's call)
         self._known: dict[int, tuple[weakref.ref, Inspector | None]] = {}
-        self._names: Counter[str] = Counter()
-        self._marks = Marks(self._on_return)  # our hooks on the models found
-        self._theirs: set[int] = set()  # ids of inspectors the user started (see _new_inspector)
+        self._marks = Marks(self._on_return, self._on_saved)  # our hooks on the models found
         self._owner: Borrowed | None = None
         # what a run's compiled wrappers borrow (each wrapper holds its model): given back by
         # the next run's reset, so a model of one run never outlives the next
@@ -102,7 +103,7 @@ class Discovery:
                     warnings.filterwarnings("ignore", message=_TORCH_COMPILE_HOOK_NOTE)
                     entry = warnings.filters[0]
                     owner.on_restore(lambda: _remove_filter(entry), "warnings filter")
-                    owner.on_restore(self._stop_inspectors, "inspectors of the models found")
+                    owner.on_restore(self._models.stop, "inspectors of the models found")
                     owner.on_restore(self._run_patches.restore, "compiled wrappers run eagerly")
                     owner.on_restore(self._marks.remove, "hooks on the models found")
                 except BaseException:
@@ -125,33 +126,26 @@ class Discovery:
     def reset(self) -> None:
         """A new run (`%run` again): the models found so far are stopped and forgotten."""
         with self._lock:
-            self._stop_inspectors()
+            self._models.clear()
             self._run_patches.restore()
             self._marks.remove()  # a model of the last run called again is a model again
-            self._inspectors, self._known, self._names = {}, {}, Counter()
+            self._known = {}
             self._finder.arm()
 
     def adopt(self, found: dict[str, Any]) -> None:
         """Models recorded in other processes join `inspectors()` by name: each rank's models
         of a `%run` under `%singlecard cpu --ranks N` (`GPT[rank 1]`, read from its file)."""
         with self._lock:
-            self._inspectors.update(found)
+            self._models.adopt(found)
 
     def flush(self) -> None:
         """Each inspector's statistics to the host; looking again after a Ctrl-C (which skips
         the hook that puts the finder back when a model's call returns)."""
-        self._stop_gone()
-        for insp in list(self._inspectors.values()):
+        self._models.stop_gone()
+        for insp in list(self._models.by_name.values()):
             if insp.active:
                 insp.flush()
         self._finder.arm()
-
-    def _stop_gone(self) -> None:
-        """Stop the inspectors of models the code has dropped (ours hold them weakly): their
-        records stay, what they borrowed besides the models' own hooks goes back."""
-        for insp in list(self._inspectors.values()):
-            if insp.active and insp.model is None and id(insp) not in self._theirs:
-                insp.stop()
 
     def __enter__(self) -> Discovery:
         return self.start()
@@ -162,17 +156,12 @@ class Discovery:
     @property
     def inspectors(self) -> dict[str, Inspector]:
         """{name: Inspector} of every model found, in the order found."""
-        return dict(self._inspectors)
+        return dict(self._models.by_name)
 
     def __repr__(self) -> str:
         state = "looking" if self.active else "stopped"
-        names = ", ".join(self._inspectors) or "no model yet"
+        names = ", ".join(self._models.by_name) or "no model yet"
         return f"<inspect_all: {state}; {names}>"
-
-    def _stop_inspectors(self) -> None:
-        for insp in list(self._inspectors.values()):
-            if id(insp) not in self._theirs:
-                insp.stop()
 
     # --- the finder back in torch's table (finder_hook.py) when a model's call returns ---------
     def _on_return(self, module, args, output) -> None:
@@ -202,7 +191,8 @@ class Discovery:
         if kind not in self._said:
             self._said.add(kind)
             self.errors.append(message)
-            warnings.warn(f"singlecard_nb: inspect all: {message}", category, stacklevel=3)
+            warnings.warn(f"singlecard_nb: inspect all: {message}", category,
+                          stacklevel=user_stacklevel())  # the user's line that ran the model
 
     def _consider(self, module: nn.Module, args: tuple) -> None:
         frame = sys._getframe(2)
@@ -220,7 +210,7 @@ class Discovery:
         fresh = False
         if entry is not None and entry[0]() is inner and entry[1] is not None:
             insp = entry[1]  # a new wrapper (DDP, torch.compile) of a model found before
-        elif len(self._inspectors) >= MAX_MODELS:
+        elif len(self._models) >= MAX_MODELS:
             self._forget_as_model(candidate)
             self._say_once("many", f"more than {MAX_MODELS} models were found, so "
                            f"{type(inner).__name__} and later new models are not inspected "
@@ -228,7 +218,8 @@ class Discovery:
                            "mean with singlecard_nb.inspect(model).")
             return
         else:
-            insp, fresh = self._new_inspector(model, inner)
+            name, insp, fresh = self._models.inspector(model, inner)
+            self._found(name, insp, model, inner)
         for wrapper in (candidate, *chain, model):
             self._known[id(wrapper)] = (weakref.ref(wrapper), insp)
         self._marks.add(candidate)
@@ -243,28 +234,21 @@ class Discovery:
             # ends it).
             insp.found_in_call(args, call_kwargs(sys._getframe(2)))
 
-    def _new_inspector(self, model: nn.Module, inner: nn.Module) -> tuple[Inspector, bool]:
-        """The model's inspector, and whether it is new: a model the user inspects already
-        (`inspect(model)`) keeps its inspector, listed here but never stopped by us."""
-        self._stop_gone()  # a sweep's earlier models, dropped since
-        name = type(inner).__name__
-        self._names[name] += 1
-        if self._names[name] > 1:
-            name = f"{name}#{self._names[name]}"
-        insp = recording_inspector(inner)
-        fresh = insp is None
-        if fresh:
-            insp = Inspector(model, **self.options).start(hold_model=False)
-        else:
-            self._theirs.add(id(insp))
-        self._inspectors[name] = insp
+    def _found(self, name: str, insp: Inspector, model: nn.Module, inner: nn.Module) -> None:
+        """A model found (or loaded back): known from now on, marked, announced."""
         self._forget_as_model(inner)  # its parts called on their own are no new model
         if inner is not model:
             self._known[id(inner)] = (weakref.ref(inner), insp)
         self._marks.add(inner)  # also the mark a copy (deepcopy for EMA) carries
         for callback in self.found:
             callback(name, insp)
-        return insp, fresh
+
+    def _on_saved(self, module: nn.Module) -> None:
+        """A found model (or its wrapper) is pickled: its checkpoint is remembered (found.py)."""
+        entry = self._known.get(id(module))
+        if entry is not None and entry[0]() is module:
+            with self._lock:
+                self._models.saved(entry[1])
 
     def _forget_as_model(self, module: nn.Module) -> None:
         known = self._known

@@ -17,11 +17,13 @@ class Marks:
     """The marks of one finder: `rearm(module, args, output)`, a bound method of the finder
     (which deep-copies as itself, so a copy's mark is still the finder's)."""
 
-    def __init__(self, rearm: Callable[[Any, Any, Any], None]):
+    def __init__(self, rearm: Callable[[Any, Any, Any], None],
+                 copied: Callable[[nn.Module], None] | None = None):
         self._rearm = rearm
         self._finder = rearm.__self__
         self._handles: list = []
-        self._uncopied = Uncopied()  # our marks, left out of pickles
+        # our marks, left out of pickles; `copied(module)` at each pickle or deep copy
+        self._uncopied = Uncopied(copied)
 
     def add(self, module: nn.Module) -> None:
         """Put the finder back when `module`'s call returns (always called: also after an

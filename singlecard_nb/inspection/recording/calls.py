@@ -82,6 +82,10 @@ class CallTracker:
         # methods of this tracker: they stay this tracker's, which ignores the copy.
         return self
 
+    def follow(self, model: nn.Module) -> None:
+        """The calls to track are now `model`'s (the inspected model loaded back: engine.py)."""
+        self._model = weakref.ref(model)
+
     # --- steps ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Before the hooks are attached: no call is open; manual steps: step 0 starts now."""

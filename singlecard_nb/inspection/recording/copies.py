@@ -9,6 +9,8 @@ died at its first checkpoint) and a loaded or deep-copied model carries no hook 
 
 One exception, for deep copies only: inspect_all's mark (`deep_copies_keep=True`), by which a
 deep copy of a model (an EMA) shows as a copy, is kept in a deep copy; a pickle never has it.
+And the owner may be told each time a module's state is read (`on_copied`): inspect_all
+remembers the checkpoints of the models it found, to know them when they are loaded back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import copy
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -47,8 +50,10 @@ class _KeptInDeepCopies(OrderedDict):
 class _StateWithoutOurs:
     """A module's `__getstate__` while it holds hooks or attributes of one owner."""
 
-    def __init__(self, module: nn.Module, previous: Any):
+    def __init__(self, module: nn.Module, previous: Any,
+                 on_copied: Callable[[nn.Module], None] | None = None):
         self._module = weakref.ref(module)
+        self._on_copied = on_copied
         self._previous = previous  # another owner's, or None: the class's
         self.hook_ids: set[int] = set()  # left out of every copy
         self.copied_ids: set[int] = set()  # kept in deep copies only
@@ -61,6 +66,11 @@ class _StateWithoutOurs:
         state = previous() if previous is not None else type(module).__getstate__(module)
         if not isinstance(state, dict) or self.given_back:
             return state
+        if self._on_copied is not None:
+            try:
+                self._on_copied(module)
+            except Exception:  # the owner's bookkeeping never fails the user's save
+                pass
         dropped, copied = self.hook_ids, self.copied_ids
         result = {}
         for key, value in state.items():
@@ -96,10 +106,12 @@ class _StateWithoutOurs:
 class Uncopied:
     """The hooks and attributes one owner puts on modules, left out of their copies; the
     modules are held weakly (an inspect_all that lives long keeps no model alive).
-    `give_back()` (run by the owner, on restore) takes every `__getstate__` off again."""
+    `give_back()` (run by the owner, on restore) takes every `__getstate__` off again.
+    `on_copied(module)` runs each time one of them is pickled or deep-copied."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_copied: Callable[[nn.Module], None] | None = None) -> None:
         self._states: dict[int, _StateWithoutOurs] = {}
+        self._on_copied = on_copied
 
     def hook(self, module: nn.Module, handle: Any, *, deep_copies_keep: bool = False) -> None:
         """Leave the hook of `handle` (a RemovableHandle on `module`) out of copies."""
@@ -118,7 +130,7 @@ class Uncopied:
     def _state(self, module: nn.Module) -> _StateWithoutOurs:
         state = self._states.get(id(module))
         if state is None or state._module() is not module:
-            state = _StateWithoutOurs(module, module.__dict__.get(_ATTRIBUTE))
+            state = _StateWithoutOurs(module, module.__dict__.get(_ATTRIBUTE), self._on_copied)
             with uninterrupted():
                 module.__dict__[_ATTRIBUTE] = state  # found before the class's
                 self._states[id(module)] = state
