@@ -152,3 +152,25 @@ def test_a_fresh_model_of_the_same_class_after_a_save_is_a_new_model(tmp_path):
     assert list(scn.inspectors()) == ["Net", "Net#2"]
     assert [insp.steps_recorded for insp in scn.inspectors().values()] == [3, 3]
     assert not any("loaded back" in e for e in finder.errors)
+
+
+def test_params_says_once_that_no_optimiser_stepped_a_model_trained_by_hand_and_loaded_back(
+        tmp_path, recwarn):
+    # word_language_model updates its parameters by hand (p.data.add_), then tests its best
+    # checkpoint: one inspector from start to end, so one warning
+    path = tmp_path / "model.pt"
+    with scn.inspect_all(params=True):
+        model = Net()
+        for _ in range(2):
+            model(torch.randn(2, 3)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+                    p.grad = None
+            torch.save(model, path)
+        model = torch.load(path, weights_only=False)
+        evaluated(model)
+    assert list(scn.inspectors()) == ["Net"]
+    said = [w for w in recwarn if "no torch.optim optimiser stepped" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert said[0].filename == __file__  # the user's line, not ours

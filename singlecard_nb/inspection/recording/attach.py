@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ...borrow import Borrowed, uninterrupted
-from ..diagnostics import Diagnostics
+from ..diagnostics import Diagnostics, user_stacklevel
 from ..targets import Target
 from .calls import CallTracker
 from .copies import Uncopied
@@ -48,6 +48,7 @@ class Attachment:
         self.install_hook = self._global_hook.install
         self.remove_hook = self._global_hook.remove
         self._probes: list = []  # handles of the "called some other way" probe
+        self._said_no_optimizer = False  # params=True saw no optimiser step (said once)
 
     def is_active(self) -> bool:
         """Whether the owner still holds the hooks: not once given back, by `detach` or by
@@ -228,12 +229,14 @@ class Attachment:
             rows.snapshots.clear()
             # when inspection ends: say if nothing was seen of a model that trained (one only
             # evaluated, as a reloaded best checkpoint, has no optimiser to see)
-            if recorder.optimizer_steps == 0 and recorder.step >= 0 and recorder.trained:
+            if (recorder.optimizer_steps == 0 and recorder.step >= 0 and recorder.trained
+                    and not self._said_no_optimizer):  # once: a model loaded back reattaches
+                self._said_no_optimizer = True
                 warnings.warn(
                     "singlecard_nb: params=True, but no torch.optim optimiser stepped this "
                     "model's parameters on a recorded step, so there are no 'param' / "
                     "'step_grad' rows (parameters updated by hand are not seen).",
-                    RuntimeWarning, stacklevel=4)
+                    RuntimeWarning, stacklevel=user_stacklevel())
 
         owner.on_restore(remove, "optimizer step hook")
 
