@@ -197,14 +197,17 @@ class Inspector(InspectorResults):
         self._calls.on_root_pre(self._model(), args, kwargs)
 
     def continue_on(self, model: nn.Module) -> None:
-        """`model` is this inspector's model loaded back from a checkpoint (`torch.load` makes
-        a new object) after the original was dropped: record it from its next call on, with
-        the same records and step numbers. Stopped inspectors of a dropped model only; not with
-        memory=True (its ledger measures the model it was made for)."""
+        """`model` (or the torch.compile wrapper it came in) is this inspector's model loaded
+        back from a checkpoint (`torch.load` makes a new object) after the original was
+        dropped: record it from its next call on, with the same records and step numbers.
+        Stopped inspectors of a dropped model only; not with memory=True (its ledger measures
+        the model it was made for)."""
         if self.active or self.model is not None or self._memory is not None:
             raise RuntimeError(f"this inspector of {self._model_name} cannot continue on "
                                "another model (it is active, its model lives, or memory=True)")
-        self._model, self._wrapper = weakref.ref(model), None
+        model, wrapper = check_arguments(model, self.every, None, "forward", self.inputs)
+        self._model = weakref.ref(model)
+        self._wrapper = weakref.ref(wrapper) if wrapper is not None else None
         self._model_id = id(model)
         self._calls.follow(model)
         self.start(hold_model=False)

@@ -56,7 +56,7 @@ class FoundModels:
         self.stop_gone()  # a sweep's earlier models, dropped since
         theirs = recording_inspector(inner)
         origin = self._checkpoints.origin(inner) if theirs is None else None
-        if origin is not None and self._continues(origin, inner):
+        if origin is not None and self._continues(origin, model):
             return origin.name, origin.inspector, True
         name = type(inner).__name__
         self._names[name] += 1
@@ -85,8 +85,8 @@ class FoundModels:
         if name is not None:
             self._checkpoints.saved(model, name, insp, insp.current_step)
 
-    def _continues(self, origin: Saved, inner: nn.Module) -> bool:
-        """`inner` was loaded from `origin`'s checkpoint: once the original is dropped (a
+    def _continues(self, origin: Saved, model: nn.Module) -> bool:
+        """`model` was loaded from `origin`'s checkpoint: once the original is dropped (a
         `gc.collect()` first, for one held only by a reference cycle), it continues its
         records under its name. False while the original lives: a second model."""
         insp = origin.inspector
@@ -97,7 +97,7 @@ class FoundModels:
                 or self.by_name.get(origin.name) is not insp):
             return False
         try:
-            insp.continue_on(inner)
+            insp.continue_on(model)
         except RuntimeError:  # memory=True: a second model
             return False
         self._say(f"loaded {origin.name}", f"{origin.name}'s checkpoint of step {origin.step}, "
