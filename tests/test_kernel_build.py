@@ -69,6 +69,35 @@ def test_ranks_starting_together_build_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rank_starting_while_another_holds_the_lock_takes_its_first_step_with_the_kernel(
+        tmp_path):
+    # Ranks start together; one holds the cache's lock while it loads the kernel. Another
+    # that skipped the cache then took its first steps with torch, and the statistics of one
+    # all-reduced gradient differed across the ranks in the last bits (compare_ranks, rtol=0).
+    cc, _ = _logging_compiler(tmp_path)
+    cache = tmp_path / "cache"
+    assert _result(_start(cache, cc))["ok"]
+    first_step = ("import json\n"
+                  "from singlecard_nb.inspection.kernel import native\n"
+                  "native.start()\n"
+                  "print(json.dumps({'kernel': bool(native.kernels()), "
+                  "'status': native.status()}))\n")
+    locks = [open(path, "a") for path in cache.glob("*.lock")]
+    try:
+        for handle in locks:
+            build.lock_file(handle)  # another rank, loading
+        env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(cache), "CC": str(cc)}
+        done = subprocess.run([sys.executable, "-c", first_step], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        for handle in locks:
+            handle.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert locks and result["kernel"], result
+
+
+@pytest.mark.slow
 def test_a_cache_others_can_write_is_not_trusted(tmp_path):
     cc, log = _logging_compiler(tmp_path)
     cache = tmp_path / "shared"

@@ -193,14 +193,10 @@ def temporary_folder() -> str:
     return folder
 
 
-def lock_file(handle: Any, wait: bool = True) -> bool:
-    """Lock `handle` for this process; False when `wait` is off and another process holds it."""
+def lock_file(handle: Any) -> None:
+    """Lock `handle` for this process, waiting while another process holds it."""
     try:
         import fcntl
     except ImportError:  # Windows: no cc there anyway
-        return True
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)

@@ -137,23 +137,33 @@ def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
             return None
         return _build_in(Path(build.temporary_folder()), cc, openmp, sources, keep=False)
     key = build.key(cc, openmp, sources)
+    if only_cached:
+        # Without the lock: a built library is moved into place whole, so it can be read while
+        # another rank holds the lock to load it too; waiting for that rank (or skipping the
+        # cache) would take this rank's first steps with torch, and the ranks' statistics of
+        # one all-reduced gradient would differ in the last bits.
+        return _load_cached(folder, key, remove_broken=False)
     with open(folder / f"{key}.lock", "a") as lock:
-        # the lock is released when the file closes
-        if not build.lock_file(lock, wait=not only_cached):
-            return None
-        for _source, _extra, kind in _builds():
-            built = folder / f"onepass-{key}-{kind}"
-            if not built.is_file():
-                continue
-            try:
-                kernels = _LOADERS[kind](built)
-                _self_test(kernels)
-                return kernels
-            except (ImportError, OSError, RuntimeError):
-                built.unlink(missing_ok=True)  # broken or stale: build it again
-        if only_cached:
-            return None
-        return _build_in(folder, cc, openmp, sources, keep=True, key=key)
+        build.lock_file(lock)  # released when the file closes
+        return (_load_cached(folder, key, remove_broken=True)
+                or _build_in(folder, cc, openmp, sources, keep=True, key=key))
+
+
+def _load_cached(folder: Path, key: str, remove_broken: bool) -> dict[torch.dtype, Kernel] | None:
+    """The kernels built before under `key`, checked; None if none loads. `remove_broken`
+    (only under the lock): a broken or stale library is deleted, to be built again."""
+    for _source, _extra, kind in _builds():
+        built = folder / f"onepass-{key}-{kind}"
+        if not built.is_file():
+            continue
+        try:
+            kernels = _LOADERS[kind](built)
+            _self_test(kernels)
+            return kernels
+        except (ImportError, OSError, RuntimeError):
+            if remove_broken:
+                built.unlink(missing_ok=True)
+    return None
 
 
 def _builds() -> list[tuple[str, list[str], str]]:
