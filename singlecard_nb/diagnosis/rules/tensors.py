@@ -71,8 +71,6 @@ def non_finite(f: Failure) -> str | None:
             "them (log or sqrt of a negative number or zero, a division by zero, exp overflow)")
 
 
-
-
 def device_side_assert(f: Failure) -> str | None:
     if "device-side assert" not in f.message:
         return None

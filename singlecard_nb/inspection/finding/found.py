@@ -90,15 +90,14 @@ class FoundModels:
         `gc.collect()` first, for one held only by a reference cycle), it continues its
         records under its name. False while the original lives: a second model."""
         insp = origin.inspector
+        if id(insp) in self._theirs or self.by_name.get(origin.name) is not insp:
+            return False
         if insp.model is not None:
             gc.collect()
             self.stop_gone()
-        if (insp.model is not None or insp.active or id(insp) in self._theirs
-                or self.by_name.get(origin.name) is not insp):
-            return False
         try:
             insp.continue_on(model)
-        except RuntimeError:  # memory=True: a second model
+        except RuntimeError:  # the original lives (or is still recorded), or memory=True
             return False
         self._say(f"loaded {origin.name}", f"{origin.name}'s checkpoint of step {origin.step}, "
                   f"loaded back, continues {origin.name}'s records from step "

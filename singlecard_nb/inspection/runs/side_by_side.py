@@ -5,11 +5,11 @@ Fed with the snapshots each rank sends (views/latest.py, inside the ranks' statu
 job runs; the ranks are compared at the latest step every one of them has (a parameter, its
 gradient and its update at the latest optimiser step, as `compare_ranks` matches them where a
 rank ran forward passes the others did not), with `align`, the matching `compare_ranks` uses,
-each rank against the lowest. Order: a NaN or Inf some ranks have
-and others not, then what DDP keeps equal on every rank (parameters after the step, the gradient
-it used, the update) where it differs (the likeliest bug), then other differences, largest
-first (outputs differ where each rank reads its own batch), then rows not comparable yet, then
-rows equal on every rank. The text form lists what the HTML shows, in the same order.
+each rank against the lowest. Order: a NaN or Inf some ranks have and others not, then what
+DDP keeps equal on every rank (parameters after the step, the gradient it used, the update)
+where it differs (the likeliest bug), then other differences, largest first (outputs differ
+where each rank reads its own batch), then rows not comparable yet, then rows equal on every
+rank. The text form lists what the HTML shows, in the same order.
 """
 
 from __future__ import annotations
