@@ -43,7 +43,7 @@ def test_an_exploding_layer_leads_the_live_view_and_the_summary(layers, steps, c
     assert modules == {12: 164, 76: 996}[layers]
     with scn.inspect(model) as insp:
         view = insp.live()
-        exploding_steps(model, steps)
+        exploding_steps(model, steps, growth=3.0)  # ×3 a step: 10^3 in 7 steps
     text = repr(view)
     first = _first_paths(text, 3)
     assert "transformer.h.9.mlp.c_fc" in first, text[:800]
@@ -74,19 +74,23 @@ def _tracks(series: dict[str, tuple[str, list[float]]], zeros=0.0) -> ranking.Tr
 def test_tiers_nonfinite_then_moved_then_outliers_then_dead():
     flat = [1.0] * 6
     tracks = _tracks({
-        "a.quiet": ("Linear", flat), "a.jump": ("Linear", [1.0] * 5 + [9.0]),
-        "a.nan": ("Linear", [1.0] * 5 + [math.nan]), "a.grow": ("Linear", [1.15 ** i for i in range(6)]),
+        "a.quiet": ("Linear", flat), "a.jump": ("Linear", [1.0] * 5 + [9e3]),
+        "a.nan": ("Linear", [1.0] * 5 + [math.nan]), "a.grow": ("Linear", [10.0 ** i for i in range(6)]),
+        # healthy movement (×40: a fresh head's logits as it learns) is no finding
+        "a.learns": ("Linear", [1.0, 2.0, 5.0, 10.0, 20.0, 40.0]),
         **{f"n.{i}": ("LayerNorm", [1.0] * 6) for i in range(5)},
         "big": ("LayerNorm", [50.0] * 6), "x.dead": ("ReLU", flat),
     }, zeros=1.0)
     rows = ranking.rank(tracks, group=False)
     order = [r.path for r in rows]
-    assert order[:5] == ["a.nan", "a.jump", "a.grow", "big", "x.dead"]
+    assert order[:5] == ["a.nan", "a.grow", "a.jump", "big", "x.dead"]
     why = {r.path: r.why for r in rows}
     # born in a.nan: the module before it in the step was finite
     assert why["a.nan"].startswith("NaN ×1 in output (step 5); born here from a finite input")
-    assert why["a.jump"] == "absmax jumped ×9 at step 5"
-    assert why["a.grow"] == "absmax ×2.01 in 5 steps"
+    assert why["a.jump"] == "absmax jumped ×9e+03 at step 5 (to 9e+03)"
+    assert why["a.grow"] == ("absmax ×1e+05 since step 0 (to 1e+05, growing from step 2): the "
+                             "activations are exploding")
+    assert why["a.learns"] == ""
     assert why["big"] == "absmax ×50 the median of 6 LayerNorm"
     assert why["x.dead"] == "dead: 100.0% zeros" and why["a.quiet"] == ""
 

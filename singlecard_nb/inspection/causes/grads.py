@@ -1,5 +1,5 @@
 """Rules on parameter gradients (grads=True, or params=True's step_grad): NaN/Inf, gradients
-vanishing (orders of magnitude below the other parameters' at the same step) or exploding (at
+vanishing (orders of magnitude below the median parameter's at the same step, and small) or exploding (at
 some step, orders of magnitude above the smaller gradients of that step), and gradients clipped
 to a tiny total norm at every step (clip_grad_norm_ on a GradScaler's still-scaled gradients)."""
 
@@ -10,7 +10,8 @@ import math
 from .rows import BACKWARD, MOVING, NONFINITE, OUTLIER, Row, row_of
 from .series import ABSMAX, INF, MEAN, NAN, STD, STEP, Track, median, num, times
 
-VANISHED = 1e4  # this many times below the largest gradient of the step: vanishing
+VANISHED = 1e4  # this many times below the median gradient of the step: vanishing ...
+VANISHED_ABOVE = 1e-3  # ... and smaller than this: a gradient of 1e+12 never vanishes
 EXPLODED = 1e3  # this many times the lower quartile of the step's gradients ...
 LARGE = 10.0  # ... and elements this large: exploding (a deep stack's healthy top is not)
 CLIPPED_STEPS = 3  # a total norm the same at this many steps in a row ...
@@ -41,15 +42,23 @@ def assess(grads: dict[str, Track]) -> list[Row]:
         if centre is None or entry[STEP] != step or not 0 < entry[ABSMAX] < math.inf:
             continue
         typical = math.exp(centre)
-        below = largest[1] / entry[ABSMAX]
-        if below >= VANISHED:
+        below = typical / entry[ABSMAX]
+        # against the step's median gradient, not its largest (one exploding gradient would
+        # make every other one "vanishing"), never of a large gradient, and not of one that
+        # was larger before (a layer settling is not a layer that never learned)
+        first = next((p[1] for p in t.trail.all() if 0 < p[1] < math.inf), entry[ABSMAX])
+        # of weight matrices only: a bias before a normalisation gets ~0 by design (BatchNorm
+        # takes out any constant), which is harmless
+        matrix = isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
+        if (matrix and below >= VANISHED and entry[ABSMAX] < VANISHED_ABOVE
+                and first <= 10 * entry[ABSMAX]):
             rows.append(row_of(
                 t, OUTLIER, math.log(below),
                 f"vanishing gradient: absmax {num(entry[ABSMAX])} at step {step}, "
-                f"{times(below)} below the largest ({largest[0].path}: {num(largest[1])}; "
-                f"median {num(typical)}); it barely learns: saturating activations (sigmoid, "
-                "tanh) or depth without residual connections or normalisation",
-                since=_since(t, largest[1] / VANISHED, below=True), phase=BACKWARD))
+                f"{times(below)} below the median gradient of that step ({num(typical)}; "
+                f"largest {largest[0].path} {num(largest[1])}); it barely learns: saturating "
+                "activations (sigmoid, tanh) or depth without residual connections or "
+                "normalisation", since=_since(t, typical / VANISHED, below=True), phase=BACKWARD))
     return _merged(rows, _exploding(live))
 
 

@@ -21,10 +21,13 @@ from .rows import (
 )
 from .series import ABSMAX, INF, MAX, MEAN, NAN, STD, STEP, Track, median, num, ratio_text
 
-WINDOW = 10  # "recent steps" that growth is measured over
-MOVED = math.log(1.5)  # a statistic that changed by ×1.5 (or ÷1.5) is worth a reason
+WINDOW = 10  # "recent steps" a jump is measured against
+EXPLODING = 1e3  # absmax this many times its first step's (or its recent median): exploding
+LARGE_ACTIVATION = 1e3  # ... and at least this large (a fresh head's logits grow ×40 healthily)
+MOVED = math.log(EXPLODING)  # the least movement that is a finding
 OUTLIER_RATIO = 8.0  # absmax this many times its type's median, and far out in MADs
-SMALL_GROUP_RATIO = 20.0  # in a group of 2 or 3, this many times the others' median
+SMALL_GROUP_RATIO = 100.0  # in a group of 2 or 3, this many times the others' median (a
+# GAN's generator has Linears ×20 apart, by their fan-in)
 DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
 
 
@@ -64,27 +67,43 @@ def _assess(t: Track, peers: dict, upstream: Track | None) -> Row:
         return row_of(t, OUTLIER, outlier[0], outlier[1])
     if zeros >= DEAD:
         return row_of(t, DEAD_TIER, zeros, f"dead: {zeros:.1%} zeros")
-    return row_of(t, QUIET, moved, "")
+    return row_of(t, QUIET, change(t), "")
 
 
 def movement(t: Track) -> tuple[float, str]:
-    """How far absmax or std moved over the recent steps (|log ratio|), and said in words:
-    steady growth from the window's start, or a jump at the last step."""
-    best, why = 0.0, ""
+    """How far absmax exploded (|log ratio|), and said in words: a rise of EXPLODING× since the
+    first step to values past LARGE_ACTIVATION, or a jump of as much at the last step. Healthy
+    training moves activations a lot (logits of a fresh head grow ×40 as it learns, a layer
+    leaves its init scale during warm-up): only an explosion is a finding; its cause is what the
+    parameter, gradient and input rules name."""
+    points = [(p[0], p[1]) for p in t.trail.all() if 0 < p[1] < math.inf]
+    if len(points) < 2:
+        return 0.0, ""
+    (s0, v0), (s1, v1) = points[0], points[-1]
+    if v1 < LARGE_ACTIVATION:
+        return 0.0, ""
+    recent = [v for _, v in points[-WINDOW - 1:-1]]
+    jump = math.log(v1 / median(recent)) if recent else 0.0
+    trend = math.log(v1 / v0)
+    if jump >= math.log(EXPLODING) and jump >= trend:
+        return jump, f"absmax jumped {ratio_text(jump)} at step {s1} (to {num(v1)})"
+    if trend >= math.log(EXPLODING):
+        onset = next(s for s, v in points if v >= v0 * EXPLODING ** 0.5)
+        return trend, (f"absmax {ratio_text(trend)} since step {s0} (to {num(v1)}, growing "
+                       f"from step {onset}): the activations are exploding")
+    return 0.0, ""
+
+
+def change(t: Track) -> float:
+    """How much absmax or std moved over the recent steps (the largest |log ratio| of the last
+    to the first of them): the order of the quiet rows, most changed first, with no claim."""
     recent = list(t.entries)[-WINDOW:]
-    if len(recent) < 2:
-        return best, why
-    for name, column in (("absmax", ABSMAX), ("std", STD)):
-        pairs = [(e[STEP], e[column]) for e in recent if 0 < e[column] < math.inf]
-        if len(pairs) < 2:
-            continue
-        (s0, v0), (s1, v1), (_, v_prev) = pairs[0], pairs[-1], pairs[-2]
-        trend, jump = math.log(v1 / v0), math.log(v1 / v_prev)
-        if abs(jump) >= MOVED and abs(jump) >= 0.5 * abs(trend) and abs(jump) > best:
-            best, why = abs(jump), f"{name} jumped {ratio_text(jump)} at step {s1}"
-        if abs(trend) > best:
-            best, why = abs(trend), f"{name} {ratio_text(trend)} in {s1 - s0} steps"
-    return best, why
+    best = 0.0
+    for column in (ABSMAX, STD):
+        values = [e[column] for e in recent if 0 < e[column] < math.inf]
+        if len(values) >= 2:
+            best = max(best, abs(math.log(values[-1] / values[0])))
+    return best
 
 
 def _overflow(t: Track, upstream: Track | None) -> str:

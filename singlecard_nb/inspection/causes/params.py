@@ -9,25 +9,38 @@ import math
 from .rows import AFTER_STEP, MOVING, NONFINITE, OUTLIER, QUIET, Row, row_of
 from .series import STEP, Track, median, num, times
 
-GROWN = 2.0  # RMS this many times its first value: growing (÷ this many: shrinking)
+# Weight matrices only: a bias or a norm's shift starts at 0, so its first updates multiply
+# its size by thousands; only NaN/Inf is said of those. Healthy matrices grow too (an LSTM
+# decoder ×9 in 300 steps at word_language_model's lr 20), so growth is a finding from
+# EXTREME×, or from GROWN× while each step changes the matrix by LARGE_UPDATE of its size.
+EXTREME = 100.0
+GROWN = 10.0
+SHRUNK = 4.0  # a matrix ÷ this many: shrinking (weight decay takes ~3 % in 300 healthy steps)
+LARGE_UPDATE = 0.1  # |Δw|/|w| per step: a tenth of the weights at every step
 ONSET = 1.25  # the growth's start: the first step past this many times the first RMS
-UPDATE_OUTLIER = 10.0  # |Δw|/|w| this many times the median parameter's
-UPDATE_FLOOR = 1e-3  # below this a step's update is small whatever the others do
+UPDATE_OUTLIER = 100.0  # |Δw|/|w| this many times the median weight matrix's ...
+UPDATE_FLOOR = LARGE_UPDATE  # ... and at least this: smaller steps are small whatever others do
 
 
 def assess(params: dict[str, Track], updates: dict[str, Track]) -> list[Row]:
     """A row per parameter whose values or updates stand out; quiet ones are left out."""
     ratios = {path: r for path in params if (r := update_ratio(params[path], updates.get(path)))}
-    logs = [math.log(r[0]) for r in ratios.values() if r[0] > 0]
+    # the median over weight matrices: a bias or norm that starts at 0 has |Δw|/|w| near 1
+    # while its size is made by its first updates, the usual thing at the start of training
+    logs = [math.log(r[0]) for path, r in ratios.items() if r[0] > 0 and _matrix(params[path])]
     typical = median(logs) if logs else None
     rows = []
     for path, track in params.items():
         if not track.entries:
             continue
-        row = _assess(track, ratios.get(path), typical, len(ratios))
+        row = _assess(track, ratios.get(path) if _matrix(track) else None, typical, len(logs))
         if row is not None:
             rows.append(row)
     return rows
+
+
+def _matrix(t: Track) -> bool:
+    return isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
 
 
 def update_ratio(param: Track, update: Track | None) -> tuple[float, int] | None:
@@ -59,9 +72,12 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
             why += f"; before that its RMS grew {times(factor)} from step {since}"
         return row_of(t, NONFINITE, float(nan + inf), why, since=since, phase=AFTER_STEP)
     parts, tier, score, since = [], QUIET, 0.0, None
-    grown = _growth(t)
-    # shrinking: of matrices only (a bias or a norm's scale near 0 moves by ×2 in training)
-    matrix = isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
+    # growth and shrinking: of matrices (a bias or a norm's shift starts at 0, so its first
+    # steps multiply its size; a LayerNorm's scale moves by ×2 in healthy training), and of
+    # any parameter that grows EXTREME×, the way a diverging run does
+    matrix = _matrix(t)
+    steps_large = ratio is not None and ratio[0] >= LARGE_UPDATE
+    grown = _growth(t, least=GROWN if steps_large else EXTREME) if matrix else None
     shrunk = _growth(t, shrinking=True) if grown is None and matrix else None
     if grown is not None:
         factor, start, onset = grown
@@ -90,21 +106,22 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
     return row_of(t, tier, score, why, since=since, phase=AFTER_STEP)
 
 
-def _growth(t: Track, before: int | None = None,
-            shrinking: bool = False) -> tuple[float, int, int] | None:
-    """(RMS latest ÷ first, the first step, the step growth began) when grown ×GROWN (over the
-    steps before `before`, when given); shrinking: (first ÷ latest, ...) when shrunk ÷GROWN."""
-    sized = [(e[STEP], t.rms(e)) for e in t.entries if before is None or e[STEP] < before]
+def _growth(t: Track, before: int | None = None, shrinking: bool = False,
+            least: float = GROWN) -> tuple[float, int, int] | None:
+    """(RMS latest ÷ first, the first step, the step growth began) when grown ×`least` (over the
+    steps before `before`, when given); shrinking: (first ÷ latest, ...) when shrunk ÷SHRUNK.
+    Read from the whole run's trail: "from step N" is true of a 10 000-step run."""
+    sized = [(p[0], p[2]) for p in t.trail.all() if before is None or p[0] < before]
     sized = [(s, r) for s, r in sized if r > 0 and math.isfinite(r)]
     if len(sized) < 2:
         return None
     (start, first), (_, last) = sized[0], sized[-1]
     if shrinking:
-        if first < GROWN * last:
+        if first < SHRUNK * last:
             return None
         onset = next(s for s, r in sized if r * ONSET <= first)
         return first / last, start, onset
-    if last < GROWN * first:
+    if last < least * first:
         return None
     onset = next(s for s, r in sized if r >= ONSET * first)
     return last / first, start, onset

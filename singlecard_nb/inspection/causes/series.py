@@ -2,7 +2,9 @@
 per channel), parameters, their gradients and updates, and the optimiser's param groups.
 
 Plain Python (no numpy, no pandas): fed from a store's step records, each read once, or from a
-frame. Each series keeps at most `HISTORY` steps, so memory stays bounded on a long run.
+frame. Each series keeps its last `HISTORY` steps whole and, for "since when", a compact trail
+of every step (`Trail`: a few floats per step, at most `TRAIL` points): memory stays bounded on a
+10 000-step run and an onset is still dated within a few steps.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-HISTORY = 64  # steps kept per series
+HISTORY = 64  # steps kept whole per series
+TRAIL = 512  # points of a series' whole-run trail; past that, neighbours merge pairwise
 
 # Positions in a Track entry: one list per recorded step.
 STEP, ABSMAX, STD, MEAN, ZEROS, NAN, INF, MAX = range(8)
@@ -22,6 +25,47 @@ STEP, ABSMAX, STD, MEAN, ZEROS, NAN, INF, MAX = range(8)
 OUTPUT, INPUT, PARAM, GRAD, UPDATE = "output", "input", "param", "grad", "update"
 _KIND_OF_IO = {"output": OUTPUT, "input": INPUT, "param": PARAM, "param_grad": GRAD,
                "step_grad": "step_grad", "update": UPDATE}
+
+
+class Trail:
+    """(step, absmax, rms) of every step of a series, in at most `TRAIL` points: when full,
+    neighbours merge pairwise (the earlier step, the larger absmax, the later rms), and later
+    steps are taken as many at a time, so a point stands for `stride` steps."""
+
+    __slots__ = ("points", "stride", "_open")
+
+    def __init__(self) -> None:
+        self.points: list[list] = []
+        self.stride = 1
+        self._open: list | None = None  # the point being filled, with its count of steps
+
+    def add(self, step: int, absmax: float, rms: float) -> None:
+        point = self._open
+        if point is None:
+            point = self._open = [step, absmax, rms, 0]
+        else:
+            point[1], point[2] = nanmax(point[1], absmax), rms
+        point[3] += 1
+        if point[3] >= self.stride:
+            self.points.append(point[:3])
+            self._open = None
+            if len(self.points) >= TRAIL:
+                merged = []
+                for a, b in zip(self.points[::2], self.points[1::2]):
+                    merged.append([a[0], nanmax(a[1], b[1]), b[2]])
+                if len(self.points) % 2:
+                    merged.append(self.points[-1])
+                self.points, self.stride = merged, self.stride * 2
+
+    def widen(self, absmax: float) -> None:
+        """The latest step's absmax widened by a further tensor of that step."""
+        last = self._open or (self.points[-1] if self.points else None)
+        if last is not None:
+            last[1] = nanmax(last[1], absmax)
+
+    def all(self) -> list[list]:
+        """Every point, oldest first: [step, absmax, rms]."""
+        return self.points + ([self._open[:3]] if self._open is not None else [])
 
 
 @dataclass
@@ -44,6 +88,7 @@ class Track:
     least: float = math.inf
     added: int = 0  # steps ever added (entries keeps the last HISTORY): a parameter's count is
     # its optimiser steps, by which ranks that numbered their steps differently meet
+    trail: Trail = field(default_factory=Trail)  # every step, compact: "since when"
 
     def add(self, step: int, shape: Any, dtype: str, mean: float, std: float, absmax: float,
             nan: int, inf: int, zeros: float, maximum: float = math.nan) -> None:
@@ -56,8 +101,10 @@ class Track:
             last[INF] += inf
             if self.first is not None and self.first[0] == step:  # first → last compares alike
                 self.first = (step, last[ABSMAX])
+            self.trail.widen(absmax)
         else:
             entries.append([step, absmax, std, mean, zeros, nan, inf, maximum])
+            self.trail.add(step, absmax, rms_of(mean, std))
             self.added += 1
             self.shape, self.dtype = shape, dtype
             if self.first is None:
@@ -74,7 +121,7 @@ class Track:
 
     def rms(self, entry: list) -> float:
         """Root mean square of an entry's tensor, from its mean and std."""
-        return math.sqrt(entry[MEAN] ** 2 + entry[STD] ** 2)
+        return rms_of(entry[MEAN], entry[STD])
 
 
 @dataclass
@@ -107,6 +154,11 @@ class Tracks:
         self.channels: dict[str, Channels] = {}
         self.optimizer: list[dict] = []
         self.optimizer_first_step: int | None = None
+        self.optimizer_steps = 0  # steps with param groups seen (an optimiser stepped)
+        self.eval_steps: list[int] = []  # of those, steps taken with the model in eval mode
+        self.scaled = False  # an optimiser step ran inside GradScaler.step
+        # (optimizer, group) -> [(step, lr)], every step's, halved when long (bounded)
+        self.lr_history: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self.last_step: int | None = None
         self._fed: dict[int, tuple[Any, int]] = {}  # id(record) -> (record, rows read)
         self._count = 0
@@ -184,6 +236,17 @@ class Tracks:
             self.optimizer = [dict(g, step=step) for g in groups]
             if self.optimizer_first_step is None:
                 self.optimizer_first_step = step
+            self.optimizer_steps += 1
+            self.scaled = self.scaled or any(g.get("scaled") for g in groups)
+            sizes = [(g.get("eval", 0), len(g.get("params", ()))) for g in groups]
+            if sum(e for e, _ in sizes) * 2 > sum(n for _, n in sizes):
+                self.eval_steps.append(step)
+            for g in groups:
+                if isinstance(g.get("lr"), (int, float)):
+                    history = self.lr_history.setdefault((g.get("optimizer", ""), g.get("group", 0)), [])
+                    history.append((step, float(g["lr"])))
+                    if len(history) >= TRAIL:
+                        history[:] = history[::2]
 
     @classmethod
     def from_frame(cls, frame: Any, extras: Iterable[dict] | None = None) -> Tracks:
@@ -242,6 +305,11 @@ def condensed(extras: Iterable[dict]) -> list[dict]:
 
 
 # --- small helpers --------------------------------------------------------------------------
+
+def rms_of(mean: float, std: float) -> float:
+    """√(mean² + std²) without overflow (float64 statistics may be near its maximum)."""
+    return math.hypot(mean, std)
+
 
 def median(values: list[float]) -> float:
     """The median; NaN of nothing."""

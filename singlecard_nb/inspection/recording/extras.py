@@ -9,6 +9,7 @@ a copy taken just before it (only within `SNAPSHOT_BYTES`: memory stays bounded)
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from typing import Any
 
@@ -76,23 +77,43 @@ class ParamTargets:
         return self.get(param) is not None
 
 
-def param_groups(optimizer: Any, param_targets: ParamTargets) -> list[dict]:
+def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
-    "group", "lr", "weight_decay", "params": ["head.weight", ...]}."""
+    "group", "lr", "weight_decay", "params": ["head.weight", ...], "frozen": those of them
+    with requires_grad False, "eval": how many belong to a module in eval mode, "scaled":
+    the step ran inside GradScaler.step}. Host attributes only: nothing is read off a device."""
     groups = []
     for i, group in enumerate(optimizer.param_groups):
-        names = []
+        names, frozen, in_eval = [], [], 0
         for p in group["params"]:
             found = param_targets.get(p)
             if found is not None:
-                target, name = found[0], found[1]
+                target, name, module = found
                 names.append(f"{target.path}.{name}" if target.path else name)
+                if not p.requires_grad:
+                    frozen.append(names[-1])
+                in_eval += not module.training
         if names:
             groups.append({"optimizer": type(optimizer).__name__, "group": i,
                            "lr": _number(group.get("lr")),
                            "weight_decay": _number(group.get("weight_decay", 0.0)),
-                           "params": names})
+                           "params": names, "frozen": frozen, "eval": in_eval,
+                           "scaled": scaled})
     return groups
+
+
+def under_grad_scaler() -> bool:
+    """Whether the optimiser step running now was called by a GradScaler's `step` (a few
+    frames up): what the ranking may then say of scaled gradients."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "step" and code.co_filename.endswith("grad_scaler.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Snapshots:

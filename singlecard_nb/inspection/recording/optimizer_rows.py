@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .extras import ParamTargets, Snapshots, param_groups
+from .extras import ParamTargets, Snapshots, param_groups, under_grad_scaler
 from .recorder import Recorder
 
 
@@ -35,7 +35,8 @@ class OptimizerRows:
         mine = [(p, *targeted) for p, targeted in found if targeted is not None]
         if mine:
             recorder.optimizer_steps += 1
-            recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets))
+            recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
+                                                              under_grad_scaler()))
             if "buffers" not in calls:  # once per step (calls is cleared at each)
                 calls["buffers"] = 1
                 for target, module_ref in buffer_modules:
