@@ -1,10 +1,12 @@
 """Diagnose, not just record: every recorded series assessed by the rules of its kind, and one
 order in which causes come before their effects.
 
-Rules, one module per kind of series: `outputs` (NaN/Inf, float16 overflow, movement, outliers
+Rules, one module per kind of series: `outputs` (NaN/Inf, float16 overflow, explosion, outliers
 of a type, dead modules and the module upstream that killed them), `inputs` (the model's own
-inputs, per channel), `params` (growth, shrinking, update ratio), `grads` (vanishing, exploding,
-clipped to a tiny total norm), `optimizer` (param groups' lr and weight decay). Plain Python
+inputs: scale, per channel), `params` (growth, shrinking, update ratio), `grads` (vanishing,
+exploding, clipped to a tiny total norm), `optimizer` (param groups' lr and weight decay),
+`learning` (the invariants of a step: every parameter meant to learn gets a gradient, is stepped
+and changes; gradients are fresh; training runs in training mode; sane update sizes and lr). Plain Python
 over `series.Tracks`: no numpy, no pandas, nothing of the recording machinery; the views (live,
 summary, plots), `%inspect all` and the terminal all show this one order.
 
@@ -17,7 +19,7 @@ tier and size; then the quiet rest.
 
 from __future__ import annotations
 
-from . import grads, inputs, optimizer, outputs, params
+from . import grads, inputs, learning, optimizer, outputs, params
 from .rows import NONFINITE, QUIET, WAS_NONFINITE, Row
 from .series import ABSMAX, MEAN, Tracks, num
 
@@ -30,7 +32,8 @@ def assess(tracks: Tracks) -> list[Row]:
     rows += inputs.assess(tracks.inputs, tracks.channels)
     rows += params.assess(tracks.params, tracks.updates)
     rows += grads.assess(tracks.grads or tracks.step_grads)
-    rows += grads.clipped(tracks.step_grads, tracks.grads)
+    rows += grads.clipped(tracks.step_grads, tracks.grads, tracks.scaled)
+    rows += learning.assess(tracks)
     troubled = {r.path for r in rows if r.kind in ("param", "grad") and r.is_finding}
     rows += optimizer.assess(tracks.optimizer, tracks.optimizer_first_step, troubled)
     for row in rows:

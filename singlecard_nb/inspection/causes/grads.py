@@ -138,7 +138,8 @@ def _exploded_row(t: Track, step: int, value: float, low: float, values: list[fl
         "weight, a deep stack without normalisation) smaller", since=step, phase=BACKWARD)
 
 
-def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Row]:
+def clipped(step_grads: dict[str, Track], backward: dict[str, Track],
+            scaled: bool = False) -> list[Row]:
     """One row when the gradients the optimiser stepped with (step_grad) have the same tiny
     total norm at every recent step: clipped to a max_norm that leaves the updates nothing,
     most often clip_grad_norm_ on gradients a GradScaler still scales (before unscale_)."""
@@ -170,9 +171,13 @@ def clipped(step_grads: dict[str, Track], backward: dict[str, Track]) -> list[Ro
         why += (f"; backward's were {times(scaled / norm)} larger (total norm {num(scaled)} at "
                 f"step {step})")
     much = f"about {scale}×" if scale is not None else "far"
-    why += (": clip_grad_norm_ clipped the gradients while a GradScaler still scaled them, so "
-            f"every update is {much} too small; call scaler.unscale_(optimizer) before "
-            "clipping (without a GradScaler: this max_norm is too small)")
+    if scaled:  # a GradScaler stepped this optimiser: said only when one did
+        why += (": clip_grad_norm_ clipped the gradients while the GradScaler still scaled "
+                f"them, so every update is {much} too small; call scaler.unscale_(optimizer) "
+                "before clipping")
+    else:
+        why += (": the gradients are clipped to a max_norm so small that every update is "
+                "(nearly) nothing; raise clip_grad_norm_'s max_norm")
     history = [n for _, n in norms]
     return [Row(path="(all parameters)", type="gradient norm", shape=(len(step_grads),),
                 dtype="", absmax=norm, std=math.nan, mean=math.nan, zeros=math.nan, nan=0, inf=0,

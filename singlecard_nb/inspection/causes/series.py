@@ -156,6 +156,7 @@ class Tracks:
         self.optimizer_first_step: int | None = None
         self.optimizer_steps = 0  # steps with param groups seen (an optimiser stepped)
         self.eval_steps: list[int] = []  # of those, steps taken with the model in eval mode
+        self.carried_steps: list[int] = []  # ... and those whose gradients were not zeroed
         self.scaled = False  # an optimiser step ran inside GradScaler.step
         # (optimizer, group) -> [(step, lr)], every step's, halved when long (bounded)
         self.lr_history: dict[tuple[str, int], list[tuple[int, float]]] = {}
@@ -241,6 +242,8 @@ class Tracks:
             sizes = [(g.get("eval", 0), len(g.get("params", ()))) for g in groups]
             if sum(e for e, _ in sizes) * 2 > sum(n for _, n in sizes):
                 self.eval_steps.append(step)
+            if sum(g.get("carried", 0) for g in groups) * 2 > sum(n for _, n in sizes):
+                self.carried_steps.append(step)
             for g in groups:
                 if isinstance(g.get("lr"), (int, float)):
                     history = self.lr_history.setdefault((g.get("optimizer", ""), g.get("group", 0)), [])

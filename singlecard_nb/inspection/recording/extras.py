@@ -77,14 +77,16 @@ class ParamTargets:
         return self.get(param) is not None
 
 
-def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False) -> list[dict]:
+def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False,
+                 carried: set[int] = frozenset()) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
     "group", "lr", "weight_decay", "params": ["head.weight", ...], "frozen": those of them
     with requires_grad False, "eval": how many belong to a module in eval mode, "scaled":
-    the step ran inside GradScaler.step}. Host attributes only: nothing is read off a device."""
+    the step ran inside GradScaler.step, "carried": how many hold last step's gradient, not
+    zeroed (`carried`: their ids)}. Host attributes only: nothing is read off a device."""
     groups = []
     for i, group in enumerate(optimizer.param_groups):
-        names, frozen, in_eval = [], [], 0
+        names, frozen, in_eval, kept = [], [], 0, 0
         for p in group["params"]:
             found = param_targets.get(p)
             if found is not None:
@@ -93,12 +95,13 @@ def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = Fal
                 if not p.requires_grad:
                     frozen.append(names[-1])
                 in_eval += not module.training
+                kept += id(p) in carried
         if names:
             groups.append({"optimizer": type(optimizer).__name__, "group": i,
                            "lr": _number(group.get("lr")),
                            "weight_decay": _number(group.get("weight_decay", 0.0)),
                            "params": names, "frozen": frozen, "eval": in_eval,
-                           "scaled": scaled})
+                           "scaled": scaled, "carried": kept})
     return groups
 
 

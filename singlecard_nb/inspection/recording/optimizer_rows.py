@@ -4,6 +4,7 @@ buffers once per step, and the param groups' lr and weight decay."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from .extras import ParamTargets, Snapshots, param_groups, under_grad_scaler
@@ -19,6 +20,12 @@ class OptimizerRows:
     def __init__(self, recorder: Recorder, say: Callable[[str, str], None]):
         self._recorder = recorder
         self.snapshots = Snapshots(say)
+        # id(param) -> (its .grad, weakly; that grad's _version; the writes one step makes).
+        # A fresh .grad (after set_to_none) shows how many writes a step makes to it (1
+        # by backward; 2 under DDP, which copies in the reduced bucket; +1 for clipping or
+        # unscale_): the same tensor exactly that many versions on at the next step took
+        # one more backward pass and no zeroing (zero_() is one write more)
+        self._grads: dict[int, tuple] = {}
 
     def before_step(self, optimizer, param_targets: ParamTargets) -> None:
         """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
@@ -35,8 +42,9 @@ class OptimizerRows:
         mine = [(p, *targeted) for p, targeted in found if targeted is not None]
         if mine:
             recorder.optimizer_steps += 1
+            carried = self._carried(mine)
             recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
-                                                              under_grad_scaler()))
+                                                              under_grad_scaler(), carried))
             if "buffers" not in calls:  # once per step (calls is cleared at each)
                 calls["buffers"] = 1
                 for target, module_ref in buffer_modules:
@@ -61,3 +69,22 @@ class OptimizerRows:
                 recorder.guarded(recorder.record_tensor, target, call, "update", name, update,
                                  training)
         self.snapshots.clear()
+
+    def _carried(self, mine: list) -> set[int]:
+        """ids of the parameters whose .grad this step is last step's tensor, one version on:
+        nothing zeroed it (the version check costs no device read)."""
+        carried = set()
+        for param, *_ in mine:
+            grad = param.grad
+            if grad is None:
+                self._grads.pop(id(param), None)
+                continue
+            known = self._grads.get(id(param))
+            if known is not None and known[0]() is grad:
+                writes = known[2]
+                if grad._version - known[1] == writes:
+                    carried.add(id(param))
+            else:  # a new tensor: one step's writes are its version now, plus its creation
+                writes = grad._version + 1
+            self._grads[id(param)] = (weakref.ref(grad), grad._version, writes)
+        return carried
