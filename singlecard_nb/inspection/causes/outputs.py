@@ -5,6 +5,7 @@ three), dead modules, and the module upstream of a dead one whose output is all 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 from ...dtype_limits import EXPLODED, LARGEST_HALF
@@ -38,6 +39,7 @@ def assess(tracks: dict[str, Track]) -> list[Row]:
     in_order = sorted(live, key=lambda t: t.order)
     upstream = {t.path: prev for prev, t in zip(in_order, in_order[1:])}
     rows = [_assess(t, peers, upstream.get(t.path)) for t in live]
+    rows += depth_growth(live)
     by_path = {r.path: r for r in rows}
     for row in rows:
         if row.tier == DEAD_TIER:
@@ -62,6 +64,9 @@ def _assess(t: Track, peers: dict, upstream: Track | None) -> Row:
                       since=t.bad_step, phase=FORWARD)
     if moved >= MOVED:
         return row_of(t, MOVING, moved, why_moved)
+    saturated = _saturated(t)
+    if saturated is not None:
+        return row_of(t, OUTLIER, saturated[0], saturated[1], since=saturated[2])
     outlier = _outlier(t, peers)
     if outlier is not None:
         return row_of(t, OUTLIER, outlier[0], outlier[1])
@@ -92,6 +97,73 @@ def movement(t: Track) -> tuple[float, str]:
         return trend, (f"absmax {ratio_text(trend)} since step {s0} (to {num(v1)}, growing "
                        f"from step {onset}): the activations are exploding")
     return 0.0, ""
+
+
+# A bounded activation's std, from which most of its values sit at the bounds: values within
+# ±1 have std ≤ 1, so 0.9 needs 80 % of them near ±1 (sigmoid's within [0, 1]: std ≤ 0.5)
+SATURATED_STD = {"Tanh": 0.9, "Hardtanh": 0.9, "Softsign": 0.9, "Sigmoid": 0.45,
+                 "Hardsigmoid": 0.45}
+
+
+def _saturated(t: Track) -> tuple[float, str, int] | None:
+    """(score, why, since) of a tanh or sigmoid whose outputs sit at their bounds, where the
+    gradient is ~0 (SageMaker Debugger's saturated_activation), read from its std."""
+    limit = SATURATED_STD.get(t.type)
+    std = t.entries[-1][STD]
+    if limit is None or not std >= limit:
+        return None
+    since = next((e[STEP] for e in t.entries if e[STD] >= limit), t.entries[-1][STEP])
+    bound = "±1" if limit > 0.5 else "0 and 1"
+    return (std / limit, f"saturated: std {num(std)}, so most outputs sit at {bound} where its "
+            "gradient is ~0 and the layers before it barely learn; its inputs are too large "
+            "(the weights before it initialised too large, or no normalisation before it)", since)
+
+
+DEPTH_GROWTH = 3.0  # absmax this many times the previous block's, on average along depth ...
+DEPTH_TOTAL = 100.0  # ... and this many times from the first block to the last
+_NUMBERED = re.compile(r"(?<![^.])\d+(?![^.])")
+
+
+def depth_growth(live: list[Track]) -> list[Row]:
+    """A row per stack of repeated blocks (`blocks.{i}.fc`, `layers.{i}`) whose outputs grow
+    DEPTH_GROWTH× per block within one step: each block adds more than it receives, so the
+    activations explode with depth, at the first step already (a residual branch initialised
+    too large, weights of std 10). Read from the whole-run trail: the first step is kept."""
+    stacks: dict[tuple[str, str], list[tuple[int, Track]]] = {}
+    for t in live:
+        numbers = _NUMBERED.findall(t.path)
+        if numbers:
+            key = (_NUMBERED.sub("{}", t.path), t.type)
+            stacks.setdefault(key, []).append((int(numbers[-1]), t))
+    rows = []
+    for (pattern, type_), members in stacks.items():
+        if len(members) < 3 or len({n for n, _ in members}) < len(members):
+            continue
+        members.sort(key=lambda m: m[0])
+        firsts = [m[1].trail.all()[0] for m in members]
+        if len({p[0] for p in firsts}) != 1:
+            continue  # they did not all run at one step: no depth to read
+        values = [p[1] for p in firsts]
+        if not all(0 < v < math.inf for v in values):
+            continue
+        total = values[-1] / values[0]
+        per_block = total ** (1 / (len(values) - 1))
+        if total < DEPTH_TOTAL or per_block < DEPTH_GROWTH:
+            continue
+        (n0, first), (n1, last) = members[0], members[-1]
+        step = firsts[0][0]
+        why = (f"absmax grows ×{per_block:.3g} per block along depth at step {step}: "
+               f"{first.path} {num(values[0])} → {last.path} {num(values[-1])} "
+               f"({len(members)} {type_}): each block adds more than it receives, so the "
+               "activations explode with depth; initialise each residual branch smaller "
+               "(÷√depth, as GPT-2 does), normalise each block's input, or lower the init std")
+        row = row_of(last, MOVING, math.log(total), why, since=step, phase=FORWARD)
+        row.path, row.kind = pattern.replace("{}", f"{{{n0}-{n1}}}"), "depth"
+        row.type = f"{type_} stack"
+        row.history = values
+        row.trend = (values[0], values[-1])
+        rows.append(row)
+    return rows
 
 
 def change(t: Track) -> float:
