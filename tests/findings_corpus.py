@@ -70,6 +70,7 @@ class ModelResult:
     heads: list[str]  # each row's `path (kind...)`, what the row is about
     summary: str  # repr(insp.summary()): the findings above the per-module table
     exit_line: str  # what `python -m singlecard_nb --inspect` prints for it at exit
+    notes: list[str]  # insp.notes: what could not be recorded as asked (also in the summary)
 
 
 @dataclasses.dataclass
@@ -108,12 +109,29 @@ class Result:
 Words = Union[str, tuple]  # a word, or alternatives of which one must be there
 
 
-def as_expected(result: Result, about: Words, words: list[Words]) -> bool:
-    """The pointer is about `about` (in its head) and contains every word (case-insensitive)."""
+def as_expected(result: Result, about: Optional[Words], words: list[Words]) -> bool:
+    """The pointer is about `about` (in its head; None: whatever it is about) and contains every
+    word (case-insensitive)."""
     head, text = result.pointer_head, result.pointer
     if head is None or text is None:
         return False
-    return _has(head, about) and all(_has(text, w) for w in words)
+    return (about is None or _has(head, about)) and all(_has(text, w) for w in words)
+
+
+def left_behind() -> list[str]:
+    """What a job would have left in this process: our owners, torch's global module hooks, a
+    process group; [] when nothing."""
+    import torch.distributed as dist
+    from torch.nn.modules import module as module_globals
+
+    from singlecard_nb import borrow
+
+    left = [f"owner {o}" for o in borrow.active_owners()]
+    if module_globals._global_forward_pre_hooks or module_globals._global_forward_hooks:
+        left.append("a global module hook")
+    if dist.is_available() and dist.is_initialized():
+        left.append("a process group")
+    return left
 
 
 def _has(text: str, word: Words) -> bool:
@@ -170,7 +188,7 @@ def _model_result(name: str, insp: Any) -> ModelResult:
         at_exit.report(_Found({name: insp}))
     return ModelResult(name, insp.steps_recorded, [r.text() for r in rows],
                        [_head(r.text()) for r in rows], repr(insp.summary()),
-                       said.getvalue().strip())
+                       said.getvalue().strip(), list(insp.notes))
 
 
 @dataclasses.dataclass
