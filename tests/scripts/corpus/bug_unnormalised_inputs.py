@@ -37,7 +37,7 @@ def main():
         pixels[labels == c, :, r * 8:r * 8 + 8, k * 8:k * 8 + 8] += 55
     images = pixels.float()  # the bug: no / 255, no Normalize
     model = Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     for step in range(args.steps):
         index = torch.randint(len(images), (16,))
         optimizer.zero_grad()
