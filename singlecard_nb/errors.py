@@ -15,17 +15,20 @@ class NonFiniteError(RuntimeError):
     Attributes: module (path), module_type, io, index, step, call, nan, inf, inputs_finite
     (True when the module's tensor inputs were all finite), dtype (of the tensor that held
     them), bad_params (its own parameters that were already non-finite) and cause (words on
-    the first parameter that went wrong, when the inspector saw it).
+    the first parameter that went wrong, when the inspector saw it), prior (the ranking's
+    likeliest cause begun by this step: a param group's lr, an input, a growth; the
+    explanation says it first).
     """
 
     def __init__(self, module: str, module_type: str, io: str, index: str, step: int,
                  call: int, nan: int, inf: int, inputs_finite: bool | None, *,
                  dtype: str | None = None, bad_params: list[str] | None = None,
-                 cause: str | None = None):
+                 cause: str | None = None, prior: str | None = None):
         self.module, self.module_type, self.io, self.index = module, module_type, io, index
         self.step, self.call, self.nan, self.inf = step, call, nan, inf
         self.inputs_finite, self.dtype = inputs_finite, dtype
         self.bad_params, self.cause = list(bad_params or ()), cause
+        self.prior = prior  # the ranking's likeliest cause begun by this step, in words
         where = repr(module) if module else "the model itself ('')"
         what = f"{io}{index}" if index else io
         if io == "param":  # params=True: caught right after the optimiser step

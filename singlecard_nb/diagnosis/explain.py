@@ -165,13 +165,21 @@ def explain(exc: BaseException | None = None) -> Explanation | None:
 
 def build(exc: BaseException) -> Explanation | None:
     """The explanation of `exc`, or None when no module call is on its traceback (silent)."""
+    explanation = None
     for candidate in chain_of(exc):
         calls = module_calls(candidate.__traceback__)  # live modules and arguments: local only
         if calls:
-            return _explain_calls(exc, candidate, calls)
-    if _non_finite_error(exc) is not None:  # the trap fired in backward: no forward frames
-        return _from_non_finite_attributes(exc)
-    return None
+            explanation = _explain_calls(exc, candidate, calls)
+            break
+    else:
+        if _non_finite_error(exc) is not None:  # the trap fired in backward: no forward frames
+            explanation = _from_non_finite_attributes(exc)
+    prior = getattr(_non_finite_error(exc), "prior", None)
+    if explanation is not None and prior:  # a cause began before the trap: it comes first
+        explanation = dataclasses.replace(explanation, hint=(
+            f"Likeliest cause, begun before the trap: {prior}. What the trap saw: "
+            f"{explanation.hint or explanation.exception}"))
+    return explanation
 
 
 # --- putting it together -------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..notices import Notices
 from .failure import Failure, Rule
-from .rules import code, layers, losses, memory, sequences, tensors
+from .rules import code, distributed, layers, losses, memory, sequences, tensors
 
 # The order is the priority: where two rules recognise one failure, the earlier one speaks.
 # - The trap's NaN/Inf first: a NonFiniteError is about values, whatever else the message says.
@@ -26,6 +26,7 @@ from .rules import code, layers, losses, memory, sequences, tensors
 RULES: tuple[Rule, ...] = (
     tensors.non_finite,
     tensors.device_side_assert,
+    distributed.unused_parameters,  # DDP's own error, whatever module it surfaces in
     memory.out_of_memory,  # torch.OutOfMemoryError / the CPU's "can't allocate memory"
     tensors.device_mismatch,
     tensors.not_a_tensor,
@@ -55,7 +56,7 @@ RULES: tuple[Rule, ...] = (
     tensors.dtype_mismatch,
     code.traced_by_compile,
 )
-RULE_MODULES = (tensors, layers, losses, sequences, code, memory)  # every public function is a rule
+RULE_MODULES = (tensors, layers, losses, sequences, code, memory, distributed)  # every public function is a rule
 
 _broken_rules = Notices()
 

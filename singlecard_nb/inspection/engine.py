@@ -88,6 +88,7 @@ class Inspector(InspectorResults):
                                   remove_hook=self._attach.remove_hook,
                                   end_probes=self._attach.end_probes, memory=ledger)
         self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
+        self._recorder.prior_cause = self._prior_cause  # ... and a cause that came before it
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -236,6 +237,11 @@ class Inspector(InspectorResults):
         from .causes import first_grown
 
         return first_grown(self._tracks())
+
+    def _prior_cause(self, step: int) -> str | None:
+        from .causes import prior_cause
+
+        return prior_cause(self._tracks(), step)
 
     def _wrapper_object(self) -> nn.Module | None:
         return self._wrapper() if self._wrapper is not None else None

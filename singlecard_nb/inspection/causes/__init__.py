@@ -23,7 +23,7 @@ from . import grads, inputs, learning, optimizer, outputs, params
 from .rows import NONFINITE, QUIET, WAS_NONFINITE, Row
 from .series import ABSMAX, MEAN, Tracks, num
 
-__all__ = ["Row", "Tracks", "assess", "order", "first_grown"]
+__all__ = ["Row", "Tracks", "assess", "order", "first_grown", "prior_cause"]
 
 
 def assess(tracks: Tracks) -> list[Row]:
@@ -71,3 +71,17 @@ def first_grown(tracks: Tracks) -> str | None:
         return None
     first = min(rows, key=lambda r: (r.since, r.tier != NONFINITE, -r.score))
     return f"the first parameter to go wrong was {first.path} (from step {first.since}: {first.why})"
+
+
+_CAUSE_KINDS = ("optimizer", "param", "input", "depth", "grad")
+
+
+def prior_cause(tracks: Tracks, step: int) -> str | None:
+    """The likeliest cause the ranking saw begin at or before `step`, in words with its step:
+    what the trap names before its own explanation (a param group's lr, the parameter that
+    began to grow, an input far from unit scale). NaN/Inf rows are the trap's own effects."""
+    for row in order(assess(tracks)):
+        if (row.is_finding and row.kind in _CAUSE_KINDS and row.since is not None
+                and row.since <= step and row.tier > WAS_NONFINITE):
+            return f"{row.text()} (from step {row.since})"
+    return None

@@ -23,11 +23,14 @@ def assess(inputs: dict[str, Track], channels: dict[str, Channels]) -> list[Row]
         if not t.entries:
             continue
         _, absmax, std, mean, zeros, nan, inf, _ = t.entries[-1]
-        if nan or inf:
+        if t.bad_step is not None:  # at any step: one bad batch is where a NaN run begins
+            bad = next((e for e in t.entries if e[STEP] == t.bad_step), None)
+            counts = (f"NaN ×{bad[5]} Inf ×{bad[6]}" if bad is not None else "NaN/Inf")
+            now = "" if nan or inf else f" (finite again at step {t.entries[-1][STEP]})"
             rows.append(row_of(
                 t, NONFINITE, float(nan + inf) + 1e9,
-                f"the model's input {index[5:]} holds NaN ×{nan} Inf ×{inf} (step {t.bad_step}): "
-                "the data (or its preprocessing) is not finite", since=t.bad_step,
+                f"the model's input {index[5:]} held {counts} at step {t.bad_step}{now}: the "
+                "data (or its preprocessing) is not finite", since=t.bad_step,
                 phase=INPUTS))
             continue
         found = channels.get(index)

@@ -118,8 +118,8 @@ def unchanged(tracks: Tracks) -> Row | None:
         return None
     at_step = [e[ABSMAX] for t in tracks.step_grads.values() for e in t.entries]
     seen = ("with gradients of zero" if at_step else "with no gradient at all (None)")
-    why = (f"no optimiser step changed any parameter ({len(updates)} stepped, "
-           f"{tracks.optimizer_steps} steps): the optimizer stepped {seen}, though backward gave "
+    why = (f"the parameters never change: no optimiser step changed any of the {len(updates)} "
+           f"it stepped in {tracks.optimizer_steps} steps; it stepped {seen}, though backward gave "
            f"them gradients (absmax up to {num(max(backward))}); zero_grad() runs between "
            "backward() and step(): call it before backward()")
     first = min(t.entries[0][STEP] for t in updates)
@@ -205,7 +205,7 @@ def lr_runaway(tracks: Tracks) -> Row | None:
                    f"the last {len(history) - len(history) // 2} steps to {num(last)} at step "
                    f"{step}, and still rises: a scheduler that never stops growing (stepped per "
                    "batch where it expects epochs, or a factor that grows); check the scheduler")
-            since = next(s for s, v in history if v > USUAL_TOP_LR)
+            since = next(s for (s, v), (_, nxt) in zip(history, history[1:]) if nxt > v)
             return _row(f"{optimizer} group {group}", "lr schedule", why, since, CONFIG, 45.0,
                         1, [v for _, v in history])
     return None

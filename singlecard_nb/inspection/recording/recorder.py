@@ -82,6 +82,8 @@ class Recorder:
         # what the trap adds when a module's own weights are already non-finite (the engine
         # asks the ranking: the first parameter that grew)
         self.trap_cause: Callable[[], str | None] | None = None
+        # the ranking's likeliest cause begun by a step, which the trap's explanation says first
+        self.prior_cause: Callable[[int], str | None] | None = None
 
     def begin_step(self) -> int:
         """The pending step reaches the host and the next one begins; returns its number."""
@@ -228,11 +230,17 @@ class Recorder:
                           if p.is_floating_point() and not bool(torch.isfinite(p).all())]
             self.flush()
             cause = self.trap_cause() if bad_params and self.trap_cause is not None else None
+            prior = None
+            if self.prior_cause is not None:
+                try:  # words beside the trap: they never replace it
+                    prior = self.prior_cause(self.step)
+                except Exception as e:  # noqa: BLE001 - said as a failed diagnostic
+                    self._failed(e, target.path)
             # The trap: this module's output holds NaN/Inf. The explanation under the traceback
             # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
                                  nan, inf, inputs_finite, dtype=dtype_name(dtype),
-                                 bad_params=bad_params, cause=cause)
+                                 bad_params=bad_params, cause=cause, prior=prior)
 
     def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
         stats = channel_stats(t)

@@ -1,0 +1,43 @@
+"""Rules on DistributedDataParallel's own errors: its reducer's parameter indices said as the
+parameters' names and the modules that hold them.
+
+Each rule reads a `Failure` and returns one sentence or None; `hints.RULES` orders them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..failure import Failure
+
+_UNUSED = re.compile(r"did not receive grad for rank (\d+):\s*([\d ,]+)")
+
+
+def unused_parameters(f: Failure) -> str | None:
+    """DDP's "Parameter indices which did not receive grad for rank 0: 0 1 2": the indices
+    count the wrapped module's parameters that require grad, in named_modules() order, each
+    once, less `parameters_to_ignore` (as DDP builds its reducer's list)."""
+    found = _UNUSED.search(f.message)
+    if not found:
+        return None
+    ddp = next((m for m in (f.wrapper, f.module, f.root, *(c[1] for c in f.callers))
+                if type(m).__name__ == "DistributedDataParallel"), None)
+    if ddp is None:
+        return None
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    names, seen = [], set()
+    for module_name, module in ddp.module.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            if param.requires_grad and full not in ignored and id(param) not in seen:
+                seen.add(id(param))
+                names.append(full)
+    indices = [int(i) for i in re.findall(r"\d+", found.group(2))]
+    if not indices or max(indices) >= len(names):
+        return None  # not the list we can rebuild: say nothing rather than a wrong name
+    unused = [names[i] for i in indices]
+    holders = sorted({n.rpartition(".")[0] or "(the model itself)" for n in unused})
+    return (f"DistributedDataParallel got no gradient for {len(unused)} parameters in the last "
+            f"backward on rank {found.group(1)}: {', '.join(unused)} (held by "
+            f"{', '.join(holders)}): forward never used them in what the loss depends on; use "
+            "them, remove them, or pass find_unused_parameters=True to DistributedDataParallel")
