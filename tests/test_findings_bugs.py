@@ -93,18 +93,40 @@ def result_of(job):
     return _results[job]
 
 
+# Bugs no rule names yet, each with what it needs. Strict: a rule that starts naming one makes
+# its test pass, and the mark must then go. docs/symptoms.md counts them.
+NOT_YET = {
+    "bug_exploding_rnn": "gradients large in every parameter at once: nothing to stand out "
+                         "against; needs a rule on the update against the weights' own scale",
+    "bug_log_of_zero_loss": "the loss is computed outside any module: needs the loss series",
+    "bug_loss_not_decreasing": "needs the loss series",
+    "bug_no_optimizer_step": "no optimizer step is seen, and a model updated by hand "
+                             "(word_language_model) looks the same without its values",
+    "bug_softmax_into_cross_entropy": "needs the loss's autograd graph (softmax, then "
+                                      "log_softmax)",
+    "bug_unscaled_regression_targets": "the targets reach only the loss: needs the loss series",
+}
+SILENT = {"bug_exploding_rnn", "bug_loss_not_decreasing", "bug_no_optimizer_step",
+          "bug_softmax_into_cross_entropy"}  # the ones of NOT_YET with no finding at all
+
+
+def _marked(jobs, missing):
+    return [pytest.param(job, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[job]))
+            if job in missing else job for job in jobs]
+
+
 def test_every_bug_script_has_an_expectation():
     assert sorted(EXPECTED) == sorted(BUGS)
 
 
-@pytest.mark.parametrize("job", sorted(EXPECTED))
+@pytest.mark.parametrize("job", _marked(sorted(EXPECTED), SILENT))
 def test_a_bug_is_not_silent(job):
     result = result_of(job)
     assert result.pointer is not None, (
         f"{job}: nothing stands out in {[m.exit_line for m in result.models]}")
 
 
-@pytest.mark.parametrize("job", sorted(EXPECTED))
+@pytest.mark.parametrize("job", _marked(sorted(EXPECTED), set(NOT_YET)))
 def test_the_first_pointer_names_the_cause(job):
     about, words = EXPECTED[job]
     result = result_of(job)
