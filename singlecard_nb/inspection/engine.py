@@ -89,6 +89,8 @@ class Inspector(InspectorResults):
                                   end_probes=self._attach.end_probes, memory=ledger)
         self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
+        # the inspector started on the model while this one recorded it (which stopped this)
+        self.replaced_by: Inspector | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -119,6 +121,7 @@ class Inspector(InspectorResults):
         previous = _active.get(id(model))
         if previous is not None and previous is not self and previous.model is model:
             previous.stop()
+            previous.replaced_by = self  # inspect_all lists (and saves) this one instead
             self._diagnostics.say(
                 "replaced", "this inspector replaces the inspector already recording this "
                 f"{self._model_name} (stopped; its rows stay readable). One model has one "

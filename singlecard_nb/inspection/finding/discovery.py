@@ -156,8 +156,11 @@ class Discovery:
 
     @property
     def inspectors(self) -> dict[str, Inspector]:
-        """{name: Inspector} of every model found, in the order found."""
-        return dict(self._models.by_name)
+        """{name: Inspector} of every model found, in the order found (the user's own, where
+        `inspect(model)` replaced ours)."""
+        with self._lock:
+            self._models.follow_replacements()
+            return dict(self._models.by_name)
 
     def __repr__(self) -> str:
         state = "looking" if self.active else "stopped"

@@ -30,6 +30,17 @@ class FoundModels:
     def __len__(self) -> int:
         return len(self.by_name)
 
+    def follow_replacements(self) -> None:
+        """A model's inspector replaced by one the user started on it later (`inspect(model)`
+        after its first call stops ours): that one is listed, as when the user's came first."""
+        for name, insp in list(self.by_name.items()):
+            latest = insp
+            while latest.replaced_by is not None:
+                latest = latest.replaced_by
+            if latest is not insp:
+                self.by_name[name] = latest
+                self._theirs.add(id(latest))
+
     def clear(self) -> None:
         """A new run: stop ours and forget them all; names start again."""
         self.stop()
@@ -38,6 +49,7 @@ class FoundModels:
 
     def stop(self) -> None:
         """Stop the inspectors we started; their records stay."""
+        self.follow_replacements()
         for insp in list(self.by_name.values()):
             if id(insp) not in self._theirs:
                 insp.stop()
