@@ -112,8 +112,11 @@ def test_a_scripts_own_inspector_started_after_the_first_call_is_the_one_saved(t
                    "model = torch.nn.Linear(2, 2)\nmodel(torch.ones(1, 2))\n"
                    "insp = scn.inspect(model, grads=True)\nfor _ in range(3):\n"
                    "    model(torch.ones(1, 2)).sum().backward()\n")
-    with pytest.warns(UserWarning, match="replaces the inspector already recording"):
-        assert cli.main(["--save", str(tmp_path / "late.db"), str(late)]) == 0
+    try:
+        with pytest.warns(UserWarning, match="replaces the inspector already recording"):
+            assert cli.main(["--save", str(tmp_path / "late.db"), str(late)]) == 0
+    finally:
+        scn.inspectors()["Linear"].stop()  # the script's own, which it never stopped
     frame = scn.load(tmp_path / "late.db")
     assert sorted(set(frame.step)) == [0, 1, 2] and "grad" in set(frame.io)  # its own options
 
