@@ -118,6 +118,7 @@ class Inspector(InspectorResults):
             raise RuntimeError(f"the {self._model_name} this inspector recorded no longer "
                                "exists, so it cannot start again; its rows stay readable. "
                                "Inspect the new model: singlecard_nb.inspect(model).")
+        self.replaced_by = None  # recording its model again (a cell re-run)
         previous = _active.get(id(model))
         if previous is not None and previous is not self and previous.model is model:
             previous.stop()

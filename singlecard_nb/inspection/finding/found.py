@@ -34,9 +34,10 @@ class FoundModels:
         """A model's inspector replaced by one the user started on it later (`inspect(model)`
         after its first call stops ours): that one is listed, as when the user's came first."""
         for name, insp in list(self.by_name.items()):
-            latest = insp
-            while latest.replaced_by is not None:
+            latest, seen = insp, {id(insp)}
+            while latest.replaced_by is not None and id(latest.replaced_by) not in seen:
                 latest = latest.replaced_by
+                seen.add(id(latest))
             if latest is not insp:
                 self.by_name[name] = latest
                 self._theirs.add(id(latest))
@@ -67,6 +68,7 @@ class FoundModels:
         checkpoint (an unpickle, never a model its constructor built) continues the inspector
         of the model it was saved from, once that is gone."""
         self.stop_gone()  # a sweep's earlier models, dropped since
+        self.follow_replacements()
         mark = taken_mark(inner)
         theirs = recording_inspector(inner)
         origin = self._checkpoints.origin(mark, inner) if theirs is None else None
@@ -93,6 +95,7 @@ class FoundModels:
     def saved(self, insp: Inspector | None) -> dict | None:
         """A found model (or its wrapper) was pickled (`torch.save`, or a deep copy): the
         attributes its pickle is to carry, by which its unpickle is known."""
+        self.follow_replacements()
         model = insp.model if insp is not None else None
         if model is None or id(insp) in self._theirs:
             return None  # the user's own inspect(model) is never continued by us
