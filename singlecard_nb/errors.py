@@ -13,24 +13,27 @@ class NonFiniteError(RuntimeError):
     """The first module output or gradient with NaN or Inf, raised by `inspect(..., trap=True)`.
 
     Attributes: module (path), module_type, io, index, step, call, nan, inf, inputs_finite
-    (True when the module's tensor inputs were all finite), dtype (of the tensor that held
-    them), bad_params (its own parameters that were already non-finite) and cause (words on
-    the first parameter that went wrong, when the inspector saw it), prior (the ranking's
-    likeliest cause begun by this step: a param group's lr, an input, a growth; the
-    explanation says it first).
+    (True when the module's tensor inputs were all finite), dtype, shape and device (of the
+    tensor that held them), bad_params (its own parameters that were already non-finite),
+    cause (words on the first parameter that went wrong, when the inspector saw it) and prior
+    (the ranking's likeliest cause begun by this step: a param group's lr, an input, a
+    growth; the explanation says it first).
     """
 
     def __init__(self, module: str, module_type: str, io: str, index: str, step: int,
                  call: int, nan: int, inf: int, inputs_finite: bool | None, *,
                  dtype: str | None = None, bad_params: list[str] | None = None,
-                 cause: str | None = None, prior: str | None = None):
+                 cause: str | None = None, shape: tuple | None = None,
+                 device: str | None = None, prior: str | None = None):
         self.module, self.module_type, self.io, self.index = module, module_type, io, index
         self.step, self.call, self.nan, self.inf = step, call, nan, inf
         self.inputs_finite, self.dtype = inputs_finite, dtype
+        self.shape, self.device = shape, device
         self.bad_params, self.cause = list(bad_params or ()), cause
         self.prior = prior  # the ranking's likeliest cause begun by this step, in words
         where = repr(module) if module else "the model itself ('')"
-        what = f"{io}{index}" if index else io
+        # "output", "input[0]", "grad[1]"; a parameter's name apart: "param 'weight'"
+        what = f"{io}{index}" if not index or index.startswith("[") else f"{io} {index!r}"
         if io == "param":  # params=True: caught right after the optimiser step
             origin = (" The optimiser step made it non-finite (its update: gradient × learning "
                       "rate)" + (f"; {cause}." if cause else "."))
@@ -72,3 +75,13 @@ class _TrapFrame:
 
 
 TRAP_FRAME = _TrapFrame()
+
+
+def without_our_frames(error: NonFiniteError) -> None:
+    """Cut the package's frames off the traceback of `error`, caught in the hook torch called,
+    which then re-raises it with a bare `raise` (that adds no frame of its own): the traceback
+    ends at the user's frame and torch's call of the hook, also where python prints every frame
+    (TRAP_FRAME hides them from IPython only). Under `%xmode verbose` every frame is kept. Only
+    for our NonFiniteError: torch's exceptions pass untouched."""
+    if TRAP_FRAME:
+        error.__traceback__ = None

@@ -106,6 +106,21 @@ def test_a_script_that_inspects_for_itself_gets_its_records_saved(tmp_path):
     assert sorted(set(scn.load(tmp_path / "one.db").step)) == [0, 1, 2]
 
 
+def test_a_scripts_own_inspector_started_after_the_first_call_is_the_one_saved(tmp_path):
+    # the finder's inspector records the first call; the script's own replaces it: saved whole
+    late = _script(tmp_path, "late.py", "import torch, singlecard_nb as scn\n"
+                   "model = torch.nn.Linear(2, 2)\nmodel(torch.ones(1, 2))\n"
+                   "insp = scn.inspect(model, grads=True)\nfor _ in range(3):\n"
+                   "    model(torch.ones(1, 2)).sum().backward()\n")
+    try:
+        with pytest.warns(UserWarning, match="replaces the inspector already recording"):
+            assert cli.main(["--save", str(tmp_path / "late.db"), str(late)]) == 0
+    finally:
+        scn.inspectors()["Linear"].stop()  # the script's own, which it never stopped
+    frame = scn.load(tmp_path / "late.db")
+    assert sorted(set(frame.step)) == [0, 1, 2] and "grad" in set(frame.io)  # its own options
+
+
 def test_an_abbreviated_option_is_refused_by_name(tmp_path, capsys):
     script = _script(tmp_path, "s.py", "")
     with pytest.raises(SystemExit) as exit:

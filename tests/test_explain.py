@@ -748,6 +748,63 @@ def test_non_finite_gradient_from_backward_names_the_module():
     has(exp.hint, "The gradient of the output of '0' (Linear) held 8 NaN", "in backward", "what comes after this module")
 
 
+def our_frames(error: BaseException) -> list[str]:
+    package = str(scn.__file__).rsplit("/", 1)[0]
+    return [f"{f.name} ({f.filename.rsplit('/', 1)[-1]})" for f in
+            traceback.extract_tb(error.__traceback__) if f.filename.startswith(package)]
+
+
+def trapped_at_the_optimiser_step():
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with scn.inspect(model, trap=True, params=True):
+        model(torch.ones(1, 2)).sum().backward()
+        model[0].weight.grad.fill_(float("nan"))
+        return failure(optimizer.step)
+
+
+def test_a_trapped_parameter_is_named_in_a_sentence_and_listed_in_the_explanation():
+    error = trapped_at_the_optimiser_step()
+    assert isinstance(error, scn.NonFiniteError) and error.io == "param"
+    assert str(error).startswith("4 NaN and 0 Inf in param 'weight' of '0' (Linear) at step 0")
+    exp = scn.explain(error)
+    assert exp.params == [("weight", (2, 2), "float32", "cpu")]
+    assert "params  weight (2, 2) float32 cpu nan!×4" in str(exp)
+
+
+def test_the_traps_traceback_ends_at_the_hook_torch_called_on_every_path():
+    # plain python prints every frame: none of ours, the last is torch's call of our hook
+    optimiser = trapped_at_the_optimiser_step()
+    assert our_frames(optimiser) == []
+    assert "torch" in traceback.extract_tb(optimiser.__traceback__)[-1].filename
+    model = nn.Sequential(nn.Linear(2, 2))
+    with scn.inspect(model, trap=True, grads=True):
+        with torch.no_grad():
+            model[0].bias.fill_(float("inf"))
+        forward = failure(model, torch.ones(1, 2))
+        model[0].bias.data.zero_()
+        out = model(torch.ones(1, 2))
+        backward = failure((out * float("nan")).sum().backward)
+    assert our_frames(forward) == []
+    assert traceback.extract_tb(forward.__traceback__)[-1].line.startswith("hook_result = hook(")
+    assert isinstance(backward, scn.NonFiniteError) and backward.io == "grad"
+    assert our_frames(backward) == []
+    assert scn.explain(forward).module == "0"  # the module calls are still on the traceback
+    assert "not on the stack" in str(scn.explain(backward))  # not "none of its own"
+
+
+def test_an_error_of_the_users_forward_keeps_its_whole_traceback():
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise KeyError("the user's")
+
+    model = nn.Sequential(Broken())
+    with scn.inspect(model, trap=True):
+        error = failure(model, torch.ones(1))
+    assert type(error) is KeyError
+    assert traceback.extract_tb(error.__traceback__)[-1].name == "forward"
+
+
 # --- behaviour ---------------------------------------------------------------------------------
 
 

@@ -174,3 +174,53 @@ def test_params_says_once_that_no_optimiser_stepped_a_model_trained_by_hand_and_
     said = [w for w in recwarn if "no torch.optim optimiser stepped" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in said]
     assert said[0].filename == __file__  # the user's line, not ours
+
+
+def seeded_run(path) -> None:
+    # a sweep's run: evaluate, save the best model (at epoch 0: its initial values), train
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        evaluated(model, steps=1)
+        if epoch == 0:
+            torch.save(model, path)
+        model.train()
+        model(torch.randn(2, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_a_seeded_sweeps_fresh_model_is_a_new_model_though_its_values_match_a_save(tmp_path):
+    # the second run's constructor builds the values the first run saved: no unpickle, no
+    # checkpoint
+    with scn.inspect_all() as finder:
+        seeded_run(tmp_path / "run1.pt")
+        seeded_run(tmp_path / "run2.pt")
+    assert {name: i.steps_recorded for name, i in scn.inspectors().items()} == {
+        "Net": 6, "Net#2": 6}
+    assert not any("loaded back" in e for e in finder.errors)
+
+
+def test_a_checkpoint_unpickled_or_copied_continues_and_carries_nothing_of_ours(tmp_path):
+    path = tmp_path / "model.pt"
+    with scn.inspect_all():
+        trained_and_saved(path)
+        loaded = torch.load(path, weights_only=False)
+        model = copy.deepcopy(loaded)  # a copy of the checkpoint is the checkpoint too
+        del loaded
+        evaluated(model)
+    assert list(scn.inspectors()) == ["Net"]
+    assert scn.inspectors()["Net"].steps_recorded == 5
+    assert not any(name.startswith("_singlecard") for name in vars(model))
+
+
+def test_an_ema_copy_saved_and_loaded_back_is_no_checkpoint_of_its_model(tmp_path):
+    path = tmp_path / "ema.pt"
+    with scn.inspect_all():
+        model = Net()
+        model(torch.randn(2, 3))
+        torch.save(copy.deepcopy(model), path)  # the EMA's checkpoint, not the model's
+        del model
+        evaluated(torch.load(path, weights_only=False))
+    assert list(scn.inspectors()) == ["Net", "Net#2"]

@@ -158,6 +158,19 @@ def test_a_model_the_user_inspects_already_keeps_its_inspector():
     mine.stop()
 
 
+def test_a_model_the_user_inspects_after_its_first_call_is_listed_with_its_own_inspector():
+    model = Critic()
+    with scn.inspect_all():
+        model(torch.randn(1, 4))  # found: our inspector records this call
+        with pytest.warns(UserWarning, match="replaces the inspector already recording"):
+            mine = scn.inspect(model)  # which stops ours
+        for _ in range(3):
+            model(torch.randn(1, 4))
+        assert scn.inspectors() == {"Critic": mine}
+    assert mine.active and mine.steps_recorded == 3  # the user's own: never stopped by us
+    mine.stop()
+
+
 def test_module_compile_in_place_after_inspect_records_eagerly_until_stop():
     model = Generator()
     original = nn.Module.compile

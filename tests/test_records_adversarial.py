@@ -194,3 +194,52 @@ def test_a_virtual_table_in_place_of_the_rows_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"crafted\.db.*not one written by insp\.save"):
         scn.load(path)
 
+
+
+# --- a file edited by hand: refused in one line as it loads, never a pandas error later -------
+def test_the_columns_a_file_must_hold_are_the_inspectors_frame_columns():
+    from singlecard_nb.inspection.recording.store import COLUMNS
+    from singlecard_nb.inspection.runs.record_file import ROW_COLUMNS
+
+    assert tuple(ROW_COLUMNS) == COLUMNS
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    ("DELETE FROM record_columns WHERE name = 'absmax'",
+     r"crafted\.db': its record_columns lists no column absmax"),
+    ("UPDATE records SET module = NULL WHERE rowid = 2",
+     r"crafted\.db': 1 of its 4 records has no module \(NULL; the first is row 2\)"),
+    ("UPDATE record_columns SET kind = 'float64' WHERE name = 'module'",
+     r"crafted\.db': column 'module' has kind 'float64', where insp\.save\(\) writes text"),
+    ("UPDATE records SET step = NULL", r"crafted\.db': 4 of its 4 records have no step"),
+])
+def test_a_hand_edited_file_is_refused_in_one_line_naming_it(tmp_path, edit, said):
+    path = _crafted(tmp_path, edit)
+    with pytest.raises(ValueError, match=said) as refused:
+        scn.load(path)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match=said):
+        scn.findings(path)
+
+
+def test_an_empty_record_file_loads(tmp_path):
+    insp = scn.inspect(nn.Linear(2, 2))  # never called: no rows
+    loaded = scn.load(insp.save(tmp_path / "empty.db"))
+    assert len(loaded) == 0 and "absmax" in loaded.columns
+
+
+def test_findings_and_compare_ranks_answer_a_frame_they_cannot_read_in_a_sentence():
+    frame = _recorded().frame()
+    with pytest.raises(ValueError, match=r"findings\(\): these records have no column absmax"):
+        scn.findings(frame.drop(columns=["absmax"]))
+    with pytest.raises(ValueError, match=r"findings\(\): these records hold no rows"):
+        scn.findings(frame.iloc[:0])
+    unnamed = frame.astype({"module": object})
+    unnamed.loc[1, "module"] = None
+    with pytest.raises(ValueError, match=r"findings\(\): 1 of these records have no module"):
+        scn.findings(unnamed)
+    with pytest.raises(ValueError, match=r"compare_ranks\(\): these records hold no rows"):
+        scn.compare_ranks(frame.iloc[:0])
+    with pytest.raises(ValueError, match=r"records without the columns \['step'\]"):
+        scn.compare_ranks(frame.drop(columns=["step"]))
+    assert "nothing to compare" in repr(scn.compare(frame.iloc[:0], frame))

@@ -65,6 +65,10 @@ class Explanation:
     traced: bool = False  # found by torch.compile's tracing: no call ran, no inputs are known
     # index -> "x∈[-2.1, 3.4] nan!×3" of the inputs small enough to read at once
     values: dict[str, str] = dataclasses.field(default_factory=dict)
+    # what the params line says when it lists none: the module's own are not on the stack (a
+    # trap in backward), or it has none
+    no_params: str = "none of its own"
+    param_values: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> "nan!×4"
 
     @property
     def label(self) -> str:
@@ -83,7 +87,8 @@ class Explanation:
         none = "not known: torch.compile was tracing, no call ran" if self.traced else "no tensors"
         rows.append(("inputs", "; ".join(describe_row(d, self.values.get(d[0]))
                                          for d in self.inputs) or none))
-        rows.append(("params", "; ".join(describe_row(d) for d in self.params) or "none of its own"))
+        rows.append(("params", "; ".join(describe_row(d, self.param_values.get(d[0]))
+                                         for d in self.params) or self.no_params))
         if self.hint:
             rows.append(("hint", self.hint))
         return rows
@@ -267,24 +272,40 @@ def _non_finite_error(exc: BaseException) -> NonFiniteError | None:
     return exc if isinstance(exc, NonFiniteError) else None
 
 
+# The rows the trap reads from one parameter (or buffer) of a module: the explanation lists it
+_OF_A_PARAMETER = ("param", "param_grad", "step_grad", "update", "buffer")
+
+
 def _from_non_finite_attributes(exc: NonFiniteError) -> Explanation:
-    """A NonFiniteError raised in backward: the module is known, its inputs are not on the stack."""
+    """A NonFiniteError raised in backward or after an optimiser step: the module is known, no
+    call of it is on the stack; the parameter that trapped is listed."""
     where = repr(exc.module) if exc.module else "the model itself"
     cause = getattr(exc, "cause", None)
-    if exc.io == "param":  # params=True: the optimiser step made the parameter non-finite
+    params, values = [], {}
+    if exc.io in _OF_A_PARAMETER and exc.index:
+        params = [(exc.index, getattr(exc, "shape", None), exc.dtype or "?",
+                   getattr(exc, "device", None) or "?")]
+        values = {exc.index: "".join(f" {word}!" + (f"×{n}" if n > 1 else "") for word, n in
+                                     (("nan", exc.nan), ("inf", exc.inf)) if n).strip()}
+    unknown = "not on the stack: the trap fired in backward, where no call of the module runs"
+    if exc.io in ("param", "update"):  # params=True: the optimiser step made it non-finite
         return Explanation(
             module=exc.module, module_type=exc.module_type,
-            chain=[(exc.module, exc.module_type)], inputs=[], params=[],
+            chain=[(exc.module, exc.module_type)], inputs=[], params=params,
+            param_values=values, no_params=unknown.replace(
+                "in backward, where no call of the module runs", "after the optimiser step"),
             exception=_headline(exc), rank=_rank(),
             hint=(f"The parameter {exc.index!r} of {where} ({exc.module_type}) held "
                   f"{counts(exc.nan, exc.inf)} after the optimiser step of step {exc.step}: its "
                   "update (gradient × learning rate) was non-finite or too large; lower this "
                   "parameter group's learning rate or clip gradients"
                   + (f"; {cause}" if cause else "")))
-    what = f"parameter {exc.index!r}" if exc.io == "param_grad" else f"the output{exc.index}"
+    what = (f"parameter {exc.index!r}" if exc.io in ("param_grad", "step_grad")
+            else f"the output{exc.index}")
     return Explanation(
         module=exc.module, module_type=exc.module_type, chain=[(exc.module, exc.module_type)],
-        inputs=[], params=[], exception=_headline(exc),
+        inputs=[], params=params, param_values=values, no_params=unknown,
+        exception=_headline(exc),
         hint=(f"The gradient of {what} of {where} ({exc.module_type}) held "
               f"{counts(exc.nan, exc.inf)} in backward at step {exc.step}: it was produced by "
               "the backward of what comes after this module (the next layers or the loss: sqrt "

@@ -90,6 +90,8 @@ class Inspector(InspectorResults):
         self._recorder.trap_cause = self._first_grown  # what the trap names as the cause
         self._recorder.prior_cause = self._prior_cause  # ... and a cause that came before it
         self._compile_listener = self._compiled_later  # one bound object: discard needs it
+        # the inspector started on the model while this one recorded it (which stopped this)
+        self.replaced_by: Inspector | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
     @property
@@ -117,9 +119,11 @@ class Inspector(InspectorResults):
             raise RuntimeError(f"the {self._model_name} this inspector recorded no longer "
                                "exists, so it cannot start again; its rows stay readable. "
                                "Inspect the new model: singlecard_nb.inspect(model).")
+        self.replaced_by = None  # recording its model again (a cell re-run)
         previous = _active.get(id(model))
         if previous is not None and previous is not self and previous.model is model:
             previous.stop()
+            previous.replaced_by = self  # inspect_all lists (and saves) this one instead
             self._diagnostics.say(
                 "replaced", "this inspector replaces the inspector already recording this "
                 f"{self._model_name} (stopped; its rows stay readable). One model has one "

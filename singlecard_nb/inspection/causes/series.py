@@ -135,6 +135,11 @@ class Channels:
     values: list[tuple[float, float, float]]
 
 
+# The columns of a frame the series are built from (`Tracks.from_frame`), in `add_row`'s order
+FRAME_COLUMNS = ("io", "step", "module", "type", "call", "index", "shape", "dtype", "mean", "std",
+                 "absmax", "nan", "inf", "zeros", "max")
+
+
 class Tracks:
     """Series of every kind, fed from a store's step records (incrementally) or a frame.
 
@@ -260,10 +265,8 @@ class Tracks:
         if extras is None:
             extras = extras_of(frame)
         if frame is not None and len(frame):
-            columns = ["io", "step", "module", "type", "call", "index", "shape", "dtype",
-                       "mean", "std", "absmax", "nan", "inf", "zeros", "max"]
             rows = frame[frame["io"].isin(list(_KIND_OF_IO))]
-            for row in rows[columns].itertuples(index=False):
+            for row in rows[list(FRAME_COLUMNS)].itertuples(index=False):
                 tracks.add_row(*row)
         for item in extras:
             tracks.add_extras(item)

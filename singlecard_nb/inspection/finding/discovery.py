@@ -6,8 +6,9 @@ the model it wraps; a module found while a method of a bigger module runs (a Lig
 `training_step` calling `self.encoder`) counts as that bigger module. Loss modules and other
 parameterless modules are not models, nor are submodules of a model called on their own, nor
 copies of a model (`copy.deepcopy` for EMA, `AveragedModel`). A model loaded back from a
-checkpoint of a model found before (`torch.save(model)`, later `model = torch.load(path)`)
-continues that model's records once the original is dropped (checkpoints.py).
+checkpoint of a model found before (`torch.save(model)`, later `model = torch.load(path)`: the
+unpickle, never a model its constructor built) continues that model's records once the original
+is dropped (checkpoints.py).
 
 Cost: ONE global forward pre-hook looks for models. It is taken out of torch's table when a
 known model's call begins and put back when that call returns, so the calls inside a model run
@@ -155,8 +156,11 @@ class Discovery:
 
     @property
     def inspectors(self) -> dict[str, Inspector]:
-        """{name: Inspector} of every model found, in the order found."""
-        return dict(self._models.by_name)
+        """{name: Inspector} of every model found, in the order found (the user's own, where
+        `inspect(model)` replaced ours)."""
+        with self._lock:
+            self._models.follow_replacements()
+            return dict(self._models.by_name)
 
     def __repr__(self) -> str:
         state = "looking" if self.active else "stopped"
@@ -243,12 +247,14 @@ class Discovery:
         for callback in self.found:
             callback(name, insp)
 
-    def _on_saved(self, module: nn.Module) -> None:
-        """A found model (or its wrapper) is pickled: its checkpoint is remembered (found.py)."""
+    def _on_saved(self, module: nn.Module) -> dict | None:
+        """A found model (or its wrapper) is pickled: its checkpoint is remembered, and the
+        attributes its pickle carries returned (found.py)."""
         entry = self._known.get(id(module))
         if entry is not None and entry[0]() is module:
             with self._lock:
-                self._models.saved(entry[1])
+                return self._models.saved(entry[1])
+        return None
 
     def _forget_as_model(self, module: nn.Module) -> None:
         known = self._known

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from ..engine import Inspector, recording_inspector
-from .checkpoints import Checkpoints, Saved
+from .checkpoints import Checkpoints, Saved, marked, taken_mark
 
 
 class FoundModels:
@@ -30,6 +30,18 @@ class FoundModels:
     def __len__(self) -> int:
         return len(self.by_name)
 
+    def follow_replacements(self) -> None:
+        """A model's inspector replaced by one the user started on it later (`inspect(model)`
+        after its first call stops ours): that one is listed, as when the user's came first."""
+        for name, insp in list(self.by_name.items()):
+            latest, seen = insp, {id(insp)}
+            while latest.replaced_by is not None and id(latest.replaced_by) not in seen:
+                latest = latest.replaced_by
+                seen.add(id(latest))
+            if latest is not insp:
+                self.by_name[name] = latest
+                self._theirs.add(id(latest))
+
     def clear(self) -> None:
         """A new run: stop ours and forget them all; names start again."""
         self.stop()
@@ -38,6 +50,7 @@ class FoundModels:
 
     def stop(self) -> None:
         """Stop the inspectors we started; their records stay."""
+        self.follow_replacements()
         for insp in list(self.by_name.values()):
             if id(insp) not in self._theirs:
                 insp.stop()
@@ -52,10 +65,13 @@ class FoundModels:
     def inspector(self, model: nn.Module, inner: nn.Module) -> tuple[str, Inspector, bool]:
         """(name, inspector, whether it is new) for a model just found: a model the user
         inspects already (`inspect(model)`) keeps its inspector; a model loaded back from a
-        checkpoint continues the inspector of the model it was saved from, once that is gone."""
+        checkpoint (an unpickle, never a model its constructor built) continues the inspector
+        of the model it was saved from, once that is gone."""
         self.stop_gone()  # a sweep's earlier models, dropped since
+        self.follow_replacements()
+        mark = taken_mark(inner)
         theirs = recording_inspector(inner)
-        origin = self._checkpoints.origin(inner) if theirs is None else None
+        origin = self._checkpoints.origin(mark, inner) if theirs is None else None
         if origin is not None and self._continues(origin, model):
             return origin.name, origin.inspector, True
         name = type(inner).__name__
@@ -76,14 +92,17 @@ class FoundModels:
         self.by_name[name] = insp
         return name, insp, theirs is None
 
-    def saved(self, insp: Inspector | None) -> None:
-        """A found model (or its wrapper) was pickled: `torch.save`, or a deep copy."""
+    def saved(self, insp: Inspector | None) -> dict | None:
+        """A found model (or its wrapper) was pickled (`torch.save`, or a deep copy): the
+        attributes its pickle is to carry, by which its unpickle is known."""
+        self.follow_replacements()
         model = insp.model if insp is not None else None
         if model is None or id(insp) in self._theirs:
-            return  # the user's own inspect(model) is never continued by us
+            return None  # the user's own inspect(model) is never continued by us
         name = next((n for n, i in self.by_name.items() if i is insp), None)
-        if name is not None:
-            self._checkpoints.saved(model, name, insp, insp.current_step)
+        if name is None:
+            return None
+        return marked(self._checkpoints.saved(model, name, insp, insp.current_step))
 
     def _continues(self, origin: Saved, model: nn.Module) -> bool:
         """`model` was loaded from `origin`'s checkpoint: once the original is dropped (a

@@ -18,11 +18,12 @@ class Marks:
     (which deep-copies as itself, so a copy's mark is still the finder's)."""
 
     def __init__(self, rearm: Callable[[Any, Any, Any], None],
-                 copied: Callable[[nn.Module], None] | None = None):
+                 copied: Callable[[nn.Module], dict | None] | None = None):
         self._rearm = rearm
         self._finder = rearm.__self__
         self._handles: list = []
-        # our marks, left out of pickles; `copied(module)` at each pickle or deep copy
+        # our marks, left out of pickles; `copied(module)` at each pickle or deep copy, the
+        # attributes it returns given to a pickle (copies.py)
         self._uncopied = Uncopied(copied)
 
     def add(self, module: nn.Module) -> None:

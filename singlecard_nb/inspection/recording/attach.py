@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from ...borrow import Borrowed, uninterrupted
+from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics, user_stacklevel
 from ..targets import Target
 from .calls import CallTracker
@@ -190,9 +191,14 @@ class Attachment:
     def _param_grad_hook(self, target: Target, module: nn.Module, name: str,
                          calls: CallTracker, recorder: Recorder):
         def on_param_grad(param: torch.Tensor) -> None:
+            __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
             if self.active and calls.recording and param.grad is not None:
-                recorder.guarded(recorder.record_grad, target, 0, "param_grad", name,
-                                 param.grad, recorder.step, module.training)
+                try:
+                    recorder.guarded(recorder.record_grad, target, 0, "param_grad", name,
+                                     param.grad, recorder.step, module.training)
+                except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+                    without_our_frames(trapped)
+                    raise
 
         return on_param_grad
 
@@ -215,6 +221,7 @@ class Attachment:
                     buffer_modules.append((target, weakref.ref(module)))
 
         def on_optimizer_step(optimizer) -> None:
+            __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
             if self.active and calls.recording:
                 rows.after_step(optimizer, param_targets, buffer_modules)
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import TRAP_FRAME
+from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics
 from ..memory.ledger import MemoryLedger
 from ..targets import Target
@@ -207,6 +207,7 @@ class CallTracker:
 
     # --- hooks ------------------------------------------------------------------------------
     def on_root_pre(self, module, args, kwargs) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if module is not self._model() or _is_compiling() or in_backward():
             # a copy of the model carries our hooks (see Inspector.__deepcopy__): not the
             # model; a recomputation (gradient checkpointing) belongs to the step it recomputes
@@ -223,7 +224,11 @@ class CallTracker:
             return  # a recursive call of the root records no inputs of its own
         target = self.targets.get(id(module))
         if target is not None:
-            self._recorder.record_root_inputs(target, module, args, kwargs)
+            try:
+                self._recorder.record_root_inputs(target, module, args, kwargs)
+            except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+                without_our_frames(trapped)
+                raise
 
     def on_root_post(self, module, args, output) -> None:
         model = self._model()
@@ -272,10 +277,14 @@ class CallTracker:
         target = (self.targets if own_hooks else self.hooked).get(id(module))
         if target is None or not self.recording or _is_compiling() or target.ref() is not module:
             return
-        if self.depth and self.thread == _get_ident():
-            self._record_call(target, module, args, kwargs, output)
-        else:
-            self._on_outside_call(target, module, args, kwargs, output)
+        try:  # no cost until it raises
+            if self.depth and self.thread == _get_ident():
+                self._record_call(target, module, args, kwargs, output)
+            else:
+                self._on_outside_call(target, module, args, kwargs, output)
+        except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+            without_our_frames(trapped)
+            raise
 
     def _on_outside_call(self, target, module, args, kwargs, output) -> None:
         """A module call while the hook is installed, but not inside this thread's call."""

@@ -8,9 +8,11 @@ checkpoint holds no bound method of an inspector (which cannot be pickled: `word
 died at its first checkpoint) and a loaded or deep-copied model carries no hook of ours.
 
 One exception, for deep copies only: inspect_all's mark (`deep_copies_keep=True`), by which a
-deep copy of a model (an EMA) shows as a copy, is kept in a deep copy; a pickle never has it.
-And the owner may be told each time a module's state is read (`on_copied`): inspect_all
-remembers the checkpoints of the models it found, to know them when they are loaded back.
+deep copy of a model (an EMA) shows as a copy, is kept in a deep copy; a pickle (also the
+copy's) never has it.
+And the owner may be told each time a module's state is read (`on_copied`), and give the copy
+attributes of its own (a pickle gets them, a deep copy gets None): inspect_all remembers the
+checkpoints of the models it found and marks their pickles, to know them when loaded back.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _ATTRIBUTE = "__getstate__"
 
 class _KeptInDeepCopies(OrderedDict):
     """A hook table in a module's state: pickled without `transient` entries, deep-copied
-    (into a plain OrderedDict) with them."""
+    with them (and the copy pickled without them again)."""
 
     def __init__(self, items: Any = (), transient: frozenset = frozenset()):
         super().__init__(items)
@@ -39,19 +41,32 @@ class _KeptInDeepCopies(OrderedDict):
     def __reduce__(self):
         return OrderedDict, ([(k, v) for k, v in self.items() if k not in self.transient],)
 
-    def __deepcopy__(self, memo: dict) -> OrderedDict:
-        result: OrderedDict = OrderedDict()
+    def __deepcopy__(self, memo: dict) -> _KeptInDeepCopies:
+        # the copy keeps the entries, and leaves the same ones out of its own pickles (an EMA
+        # copy saved with torch.save would otherwise pickle our hook, and fail)
+        result = _KeptInDeepCopies(transient=self.transient)
         memo[id(self)] = result
         for key, value in self.items():
             result[copy.deepcopy(key, memo)] = copy.deepcopy(value, memo)
         return result
 
 
+class _OnlyInPickles(OrderedDict):
+    """An attribute's value given to a copy: pickled as a plain OrderedDict (which
+    `torch.load(weights_only=True)` reads too), deep-copied as None."""
+
+    def __reduce__(self):
+        return OrderedDict, (list(self.items()),)
+
+    def __deepcopy__(self, memo: dict) -> None:
+        return None
+
+
 class _StateWithoutOurs:
     """A module's `__getstate__` while it holds hooks or attributes of one owner."""
 
     def __init__(self, module: nn.Module, previous: Any,
-                 on_copied: Callable[[nn.Module], None] | None = None):
+                 on_copied: Callable[[nn.Module], dict | None] | None = None):
         self._module = weakref.ref(module)
         self._on_copied = on_copied
         self._previous = previous  # another owner's, or None: the class's
@@ -66,15 +81,16 @@ class _StateWithoutOurs:
         state = previous() if previous is not None else type(module).__getstate__(module)
         if not isinstance(state, dict) or self.given_back:
             return state
+        added: dict = {}
         if self._on_copied is not None:
             try:
-                self._on_copied(module)
+                added = self._on_copied(module) or {}
             except Exception:  # the owner's bookkeeping never fails the user's save
                 pass
         dropped, copied = self.hook_ids, self.copied_ids
-        result = {}
+        result = {name: _OnlyInPickles(value) for name, value in added.items()}
         for key, value in state.items():
-            if key == _ATTRIBUTE or key in self.names:
+            if key == _ATTRIBUTE or key in self.names or key in added:
                 continue
             if (isinstance(value, dict) and key.startswith("_") and "hooks" in key
                     and not (dropped.isdisjoint(value) and copied.isdisjoint(value))):
@@ -107,9 +123,10 @@ class Uncopied:
     """The hooks and attributes one owner puts on modules, left out of their copies; the
     modules are held weakly (an inspect_all that lives long keeps no model alive).
     `give_back()` (run by the owner, on restore) takes every `__getstate__` off again.
-    `on_copied(module)` runs each time one of them is pickled or deep-copied."""
+    `on_copied(module)` runs each time one of them is pickled or deep-copied; the {name: dict}
+    it returns become attributes of a pickle's copy (None in a deep copy)."""
 
-    def __init__(self, on_copied: Callable[[nn.Module], None] | None = None) -> None:
+    def __init__(self, on_copied: Callable[[nn.Module], dict | None] | None = None) -> None:
         self._states: dict[int, _StateWithoutOurs] = {}
         self._on_copied = on_copied
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+from ...errors import TRAP_FRAME
 from .extras import ParamTargets, Snapshots, param_groups, under_grad_scaler
 from .recorder import Recorder
 
@@ -35,6 +36,7 @@ class OptimizerRows:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
         the buffers once per step, after its first optimiser step, when this step's forward has
         updated them; the param groups' lr and weight decay."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         recorder = self._recorder
         calls = recorder.calls  # cleared, never replaced, at each step
         found = ((p, param_targets.get(p)) for group in optimizer.param_groups

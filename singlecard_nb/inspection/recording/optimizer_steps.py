@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ...borrow import Borrowed, Listeners, uninterrupted, wrap_like
+from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from .eagerly import eager
 
 
@@ -108,8 +109,13 @@ class _OptimizerSteps(Listeners):
         original = torch.optim.Optimizer.__dict__.get(_STEP_CODE)
         if callable(original) and _STEP_WRAPPER is not None:
             def step_code(optimizer) -> None:
+                __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
                 original(optimizer)  # torch's: the profiler hooks into it
-                self._after(optimizer)
+                try:
+                    self._after(optimizer)
+                except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+                    without_our_frames(trapped)
+                    raise
                 if not self.after:
                     self._leave_if_idle(1)  # this step is past its pre-hooks
 
@@ -118,7 +124,7 @@ class _OptimizerSteps(Listeners):
                            "torch.optim.Optimizer._optimizer_step_code (after each step)")
         else:  # a torch without it: its table of post-hooks, left when no step runs
             owner.add_hook(lambda: register_optimizer_step_post_hook(
-                eager(lambda optimizer, args, kwargs: self._after(optimizer))),
+                eager(lambda optimizer, args, kwargs: self._after_step_hook(optimizer))),
                 "optimizer step hook (all params=True inspectors)")
 
     def _before(self, optimizer, args, kwargs) -> None:
@@ -126,8 +132,18 @@ class _OptimizerSteps(Listeners):
             listener(optimizer)
 
     def _after(self, optimizer) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         for listener in self.after:
             listener(optimizer)
+
+    def _after_step_hook(self, optimizer) -> None:
+        """The post-hook where torch has no `_optimizer_step_code` to follow."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        try:
+            self._after(optimizer)
+        except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+            without_our_frames(trapped)
+            raise
 
 
 optimizer_steps = _OptimizerSteps()  # the process's one

@@ -19,7 +19,7 @@ from torch import nn
 
 from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
-from ...errors import TRAP_FRAME, NonFiniteError
+from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics
 from ..kernel.readable import plain, reducible
 from ..memory.ledger import MemoryLedger, peak_bytes
@@ -189,7 +189,8 @@ class Recorder:
         if full:  # steps="manual" without step(): pending rows stay bounded too
             self.flush()
         if values is not None:
-            self._check_finite(target, call, io, index, values, inputs, dtype, target.ref())
+            self._check_finite(target, call, io, index, values, inputs, dtype, target.ref(),
+                               shape, device)
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
 
@@ -215,7 +216,7 @@ class Recorder:
         return self.memory.output(t, target.path), saved, peak_bytes(t)
 
     def _check_finite(self, target, call, io, index, values, inputs, dtype=None,
-                      module=None) -> None:
+                      module=None, shape=None, device=None) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
         nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
@@ -240,7 +241,9 @@ class Recorder:
             # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
                                  nan, inf, inputs_finite, dtype=dtype_name(dtype),
-                                 bad_params=bad_params, cause=cause, prior=prior)
+                                 bad_params=bad_params, cause=cause, shape=shape,
+                                 device=None if device is None else _device_name(device),
+                                 prior=prior)
 
     def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
         stats = channel_stats(t)
@@ -271,7 +274,12 @@ class Recorder:
         def on_grad(grad: torch.Tensor) -> None:
             __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
             if grad is not None and self._active():
-                self.guarded(self.record_grad, target, call, "grad", index, grad, step, training)
+                try:
+                    self.guarded(self.record_grad, target, call, "grad", index, grad, step,
+                                 training)
+                except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+                    without_our_frames(trapped)
+                    raise
 
         handle = t.register_hook(on_grad)
         with self._lock:

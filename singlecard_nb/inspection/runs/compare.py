@@ -100,6 +100,10 @@ class RankComparison:
         if inputs not in (True, False, "auto"):
             raise ValueError(f"inputs must be True, False or 'auto'; got {inputs!r}")
         self.stats = check_stats(stats, rtol, atol, frame)
+        if not len(frame):
+            raise ValueError("compare_ranks(): these records hold no rows, so no rank has "
+                             "anything to compare (record with scn.inspect(model, params=True) "
+                             "on every rank, or load every rank's file)")
         self.rtol, self.atol = rtol, atol
         self.all_ranks = ranks_of(frame)
         self.reference = self.all_ranks[0]

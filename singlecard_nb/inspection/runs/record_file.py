@@ -14,6 +14,21 @@ CHANNELS_COLUMNS = {"step": "INTEGER", "input": "TEXT", "shape": "TEXT", "channe
                     "mean": "REAL", "std": "REAL", "absmax": "REAL"}
 GROUPS_COLUMNS = {"step": "INTEGER", "optimizer": "TEXT", "param_group": "INTEGER",
                   "lr": "REAL", "weight_decay": "REAL", "params": "TEXT"}
+# The rows' columns every insp.save() writes (the Inspector's frame, recording/store.COLUMNS:
+# tests/test_records_adversarial.py ties them), each with the kinds save gives it and whether a
+# value may be missing (NULL: a statistic not taken, NaN). `training` came in after the first
+# files, which load without it.
+TEXT, WHOLE, NUMBER, FLAG, SHAPE = "text", "a whole number", "a number", "a flag", "a shape"
+ROW_COLUMNS = {
+    "step": (WHOLE, False), "module": (TEXT, False), "type": (TEXT, False),
+    "call": (WHOLE, False), "io": (TEXT, False), "index": (TEXT, False),
+    "shape": (SHAPE, False), "dtype": (TEXT, False), "device": (TEXT, False),
+    "mean": (NUMBER, True), "std": (NUMBER, True), "min": (NUMBER, True),
+    "max": (NUMBER, True), "absmax": (NUMBER, True), "nan": (NUMBER, True),
+    "inf": (NUMBER, True), "zeros": (NUMBER, True), "rank": (WHOLE, False),
+    "training": (FLAG, False),
+}
+OPTIONAL_COLUMNS = frozenset({"training"})
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 # pandas type -> SQLite column type
 SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INTEGER",

@@ -16,11 +16,18 @@ from .record_file import (
     CHANNELS_COLUMNS,
     CHANNELS_TABLE,
     COLUMNS_TABLE,
+    FLAG,
     FORMAT,
     GROUPS_COLUMNS,
     GROUPS_TABLE,
     META_TABLE,
+    NUMBER,
+    OPTIONAL_COLUMNS,
+    ROW_COLUMNS,
     ROWS_TABLE,
+    SHAPE,
+    TEXT,
+    WHOLE,
     is_sqlite,
     quoted,
 )
@@ -106,6 +113,7 @@ def _read_tables(path: Path):
     finally:
         db.close()
     _check_meta(meta, where)
+    _check_rows(frame, kinds, where)
     for name, kind in kinds.items():
         frame[name] = _restore(frame[name], kind)
     rank = meta.get("rank", 0)
@@ -202,6 +210,41 @@ def _ordinary_columns(db: sqlite3.Connection, table: str, names: tuple, where: s
         if hidden:  # generated (computed when read) or hidden: insp.save() makes neither
             raise _NotRecords(f"{where}: column {name!r} of {table} is computed when read "
                               "(a generated column): not a file written by insp.save()")
+
+
+_WHOLE_KINDS = frozenset(k for k in _NUMERIC_KINDS if "int" in k.lower())
+_KINDS_OF = {TEXT: {"str"}, WHOLE: _WHOLE_KINDS, NUMBER: _NUMERIC_KINDS, SHAPE: {"tuple"},
+             FLAG: {"bool", "boolean"}}
+
+
+def _check_rows(frame, kinds: dict, where: str) -> None:
+    """Refuse rows the views could not read: a column every save writes missing (from the
+    rows, or from the list of columns), of a kind save never gives it, or empty where save
+    always writes a value. One line naming the file and what is wrong."""
+    missing = [c for c in ROW_COLUMNS if c not in kinds and c not in OPTIONAL_COLUMNS]
+    if missing:
+        raise _NotRecords(f"{where}: its {COLUMNS_TABLE} lists no column {', '.join(missing)}, "
+                          "which insp.save() always writes: not a file written by insp.save(), "
+                          "or edited since")
+    if not len(frame):
+        return  # no rows: save wrote the columns of an empty frame as text
+    for name, (family, nullable) in ROW_COLUMNS.items():
+        kind = kinds.get(name)
+        if kind is None:
+            continue
+        if kind not in _KINDS_OF[family]:
+            raise _NotRecords(f"{where}: column {name!r} has kind {kind!r}, where insp.save() "
+                              f"writes {family}: not a file written by insp.save(), or edited "
+                              "since")
+        if not nullable:
+            empty = frame[name].isna()
+            if empty.any():
+                count = int(empty.sum())
+                raise _NotRecords(f"{where}: {count} of its {len(frame)} records "
+                                  f"{'has' if count == 1 else 'have'} no {name} (NULL; the "
+                                  f"first is row {int(empty.idxmax()) + 1}), where insp.save() "
+                                  "always writes one: not a file written by insp.save(), or "
+                                  "edited since")
 
 
 def _check_meta(meta: dict, where: str) -> None:

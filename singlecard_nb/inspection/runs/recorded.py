@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..causes.series import FRAME_COLUMNS
 from ..views import ranking
 from ..views.summary import Summary
 from .records import load, read_one
@@ -38,6 +39,8 @@ class Recorded:
     def findings(self, top: int | None = 10) -> list:
         """The ranked rows that show something, likeliest cause first, as the rank's live
         inspector ranked them (its input channels and param groups were saved too)."""
+        if not len(self._frame):
+            return []  # as an Inspector that recorded no step
         return findings(self._frame, top)
 
     def summary(self, top: int | None = None) -> Summary:
@@ -83,4 +86,28 @@ def findings(source: Any, top: int | None = 10) -> list:
     if not hasattr(source, "columns"):
         raise TypeError("scn.findings() takes a frame from scn.load() or insp.frame(), a path "
                         f"of saved records, or an Inspector; got {type(source).__name__}")
+    _check_rankable(source)
     return ranking.findings(ranking.Tracks.from_frame(source), top)
+
+
+# Columns that name a series: a missing value there is no row the ranking can place
+_NAMING = ("io", "step", "module", "type", "call", "index")
+
+
+def _check_rankable(frame: Any) -> None:
+    """A sentence (ValueError) for a frame the ranking cannot read: columns missing, no rows,
+    a row without a name; pandas' KeyError or a TypeError deep in a rule otherwise."""
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"scn.findings(): these records have no column {', '.join(missing)} "
+                         "(the ranking reads them): give insp.frame(), scn.load(path) or an "
+                         "Inspector, with its columns as recorded")
+    if not len(frame):
+        raise ValueError("scn.findings(): these records hold no rows, so there is nothing to "
+                         "rank (was the model called while it was inspected?)")
+    for column in _NAMING:
+        empty = frame[column].isna()
+        if empty.any():
+            raise ValueError(f"scn.findings(): {int(empty.sum())} of these records have no "
+                             f"{column} (the first at row {empty.idxmax()!r}): each row needs "
+                             "the step, module, type, call, io and index it was recorded at")
