@@ -73,8 +73,9 @@ class Track:
         return [e[column] for e in self.entries]
 
     def rms(self, entry: list) -> float:
-        """Root mean square of an entry's tensor, from its mean and std."""
-        return math.sqrt(entry[MEAN] ** 2 + entry[STD] ** 2)
+        """Root mean square of an entry's tensor, from its mean and std (hypot: no square of a
+        float64 beyond 1.3e154 overflows; an RMS past float64's range is inf)."""
+        return math.hypot(entry[MEAN], entry[STD])
 
 
 @dataclass
@@ -273,16 +274,39 @@ def nanmax(a: float, b: float) -> float:
     return max(a, b)
 
 
-def ratio_text(log_ratio: float) -> str:
-    r = math.exp(log_ratio)
+def ratio_text(logged: float) -> str:
+    """×1.5 or ÷20 of a log ratio; past float64's range (a float64 run at both its ends) in
+    powers of ten, never an OverflowError of exp."""
+    if logged != logged:
+        return "×(an unknown ratio: NaN)"
+    sign = "×" if logged > 0 else "÷"
+    if logged in (math.inf, -math.inf):
+        return f"{sign}(beyond float64's range)"
+    if abs(logged) > _LOG_LARGEST:
+        return f"{sign}10^{round(abs(logged) / math.log(10))}"
+    r = math.exp(logged)
     return f"×{r:.3g}" if r >= 1 else f"÷{1 / r:.3g}"
 
 
+_LOG_LARGEST = math.log(1e300)  # ratios past this are said in powers of ten
+
+
 def times(ratio: float) -> str:
-    """100× or 1e+06×: how many times, in words a person reads at once."""
+    """100× or 1e+06×: how many times, in words a person reads at once (a ratio that
+    overflowed float64, two values at its ends: "beyond 10^308×")."""
+    if ratio == math.inf:
+        return "beyond 10^308×"
+    if ratio != ratio:
+        return "an unknown number of times (NaN)"
     if ratio >= 1e4:
         return f"10^{round(math.log10(ratio))}×"
     return f"{ratio:.3g}×"
+
+
+def log_ratio(a: float, b: float) -> float:
+    """log(a / b) of two positive values, without the division's overflow (1e308 / 1e-300)
+    or underflow to 0 (1e-300 / 1e308)."""
+    return math.log(a) - math.log(b)
 
 
 def num(value: float) -> str:
