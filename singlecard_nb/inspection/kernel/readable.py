@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ... import borrow
+
 _REDUCIBLE = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
@@ -44,7 +46,7 @@ def plain(t: torch.Tensor) -> torch.Tensor | None:
     subclasses: their `data_ptr()` is 0)."""
     if type(t) is torch.Tensor:
         return t
-    with torch.no_grad():
+    with borrow.uninterrupted(), torch.no_grad():  # see extras.channel_stats
         if callable(getattr(t, "to_local", None)) and hasattr(t, "placements"):  # DTensor
             local = t.to_local()
             wait = getattr(local, "wait", None)  # an AsyncCollectiveTensor

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ... import borrow
+
 
 class Staging:
     """Copies of same-shaped small tensors, written row by row into preallocated chunks.
@@ -28,7 +30,8 @@ class Staging:
             rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
             # A normal tensor even under inference_mode: a step can mix inference_mode calls
             # with normal ones, and an inference tensor cannot be written outside it.
-            with torch.inference_mode(False):
+            # (Ctrl-C held back: one in its __exit__ would leave the user's mode changed)
+            with borrow.uninterrupted(), torch.inference_mode(False):
                 self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
                                                device=self.device))
             self.filled, self.capacity = 0, rows
