@@ -183,7 +183,7 @@ class Groups:
             self.notices.say("traceback-frames", (
                 f"singlecard_nb: a kept traceback (an interrupted DDP construction, IPython's "
                 f"last error) held the destroyed process group in {cleared} finished "
-                f"frame{'s' if cleared > 1 else ''} of torch's; their local variables were "
+                f"frame{'s' if cleared > 1 else ''}; their local variables were "
                 "cleared so that its gloo listener closes."))
 
     def _release_wrappers_of(self, group: Any) -> None:
