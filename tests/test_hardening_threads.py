@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from torch import nn
 
@@ -64,13 +65,14 @@ def test_another_models_step_inside_this_ones_keeps_its_rows():
     assert update["absmax"].iloc[0] > 0
 
 
-def test_eight_threads_training_their_own_models_each_get_every_row():
+@pytest.mark.parametrize("round_", range(6))
+def test_eight_threads_training_their_own_models_each_get_every_row(round_):
     steps, results, errors = 10, {}, []
     barrier = threading.Barrier(8)
 
     def train(i: int) -> None:
         try:
-            model = net(i)
+            model = net(i + 8 * round_)
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             barrier.wait(10)
             with scn.inspect(model, params=i % 2 == 0) as insp:
