@@ -19,20 +19,7 @@ from .rows import (
     Row,
     row_of,
 )
-from .series import (
-    ABSMAX,
-    INF,
-    MAX,
-    MEAN,
-    NAN,
-    STD,
-    STEP,
-    Track,
-    log_ratio,
-    median,
-    num,
-    ratio_text,
-)
+from .series import ABSMAX, INF, MAX, MEAN, NAN, STD, STEP, Track, median, num, ratio_text
 
 WINDOW = 10  # "recent steps" that growth is measured over
 MOVED = math.log(1.5)  # a statistic that changed by ×1.5 (or ÷1.5) is worth a reason
@@ -92,7 +79,8 @@ def movement(t: Track) -> tuple[float, str]:
         if len(pairs) < 2:
             continue
         (s0, v0), (s1, v1), (_, v_prev) = pairs[0], pairs[-1], pairs[-2]
-        trend, jump = log_ratio(v1, v0), log_ratio(v1, v_prev)
+        # logs of each: 1e308 / 1e-300 overflows and 1e-300 / 1e308 underflows to 0
+        trend, jump = math.log(v1) - math.log(v0), math.log(v1) - math.log(v_prev)
         if abs(jump) >= MOVED and abs(jump) >= 0.5 * abs(trend) and abs(jump) > best:
             best, why = abs(jump), f"{name} jumped {ratio_text(jump)} at step {s1}"
         if abs(trend) > best:

@@ -274,17 +274,17 @@ def nanmax(a: float, b: float) -> float:
     return max(a, b)
 
 
-def ratio_text(logged: float) -> str:
+def ratio_text(log_ratio: float) -> str:
     """×1.5 or ÷20 of a log ratio; past float64's range (a float64 run at both its ends) in
     powers of ten, never an OverflowError of exp."""
-    if logged != logged:
+    if log_ratio != log_ratio:
         return "×(an unknown ratio: NaN)"
-    sign = "×" if logged > 0 else "÷"
-    if logged in (math.inf, -math.inf):
+    sign = "×" if log_ratio > 0 else "÷"
+    if log_ratio in (math.inf, -math.inf):
         return f"{sign}(beyond float64's range)"
-    if abs(logged) > _LOG_LARGEST:
-        return f"{sign}10^{round(abs(logged) / math.log(10))}"
-    r = math.exp(logged)
+    if abs(log_ratio) > _LOG_LARGEST:
+        return f"{sign}10^{round(abs(log_ratio) / math.log(10))}"
+    r = math.exp(log_ratio)
     return f"×{r:.3g}" if r >= 1 else f"÷{1 / r:.3g}"
 
 
@@ -301,12 +301,6 @@ def times(ratio: float) -> str:
     if ratio >= 1e4:
         return f"10^{round(math.log10(ratio))}×"
     return f"{ratio:.3g}×"
-
-
-def log_ratio(a: float, b: float) -> float:
-    """log(a / b) of two positive values, without the division's overflow (1e308 / 1e-300)
-    or underflow to 0 (1e-300 / 1e308)."""
-    return math.log(a) - math.log(b)
 
 
 def num(value: float) -> str:
