@@ -187,17 +187,24 @@ class CtrlC:
 
 
 @pytest.mark.parametrize("ours", [False, True], ids=["in torch's no_grad", "in our lines"])
-def test_ctrl_c_at_any_line_of_an_inspected_step_leaves_grad_mode_on(ours):
+def test_ctrl_c_at_any_line_of_an_inspected_step_leaves_grad_mode_on(ours, monkeypatch):
+    from singlecard_nb.inspection.kernel import native
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 4)  # 4 features of 32 samples: per-channel statistics too
+    # without the kernel (a process whose build is not ready) small tensors are staged, in
+    # an inference_mode(False) block of ours
+    monkeypatch.setattr(native, "kernels", dict)
 
     def step():
         loss = model(x).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        with torch.inference_mode():  # an evaluation: our inference_mode(False) inside it
+            model(x)
 
     insp = scn.inspect(model, grads=True, params=True)
     try:
