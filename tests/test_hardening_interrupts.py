@@ -133,3 +133,94 @@ def test_ctrl_c_while_an_owner_gives_back_still_gives_everything_back():
     assert hook_id not in first
     nothing_left(model)
     assert not insp.active
+
+
+# --- Ctrl-C at any line of a training step: torch's thread-local settings stay the user's -----
+PACKAGE = scn.__file__.rpartition("/")[0]
+GRAD_MODE = torch.autograd.grad_mode.__file__
+
+
+def thread_state() -> tuple:
+    """What torch keeps per thread and a hook of ours may touch."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+            torch.get_default_dtype(), torch.get_default_device())
+
+
+class CtrlC:
+    """A real SIGINT (what Ctrl-C sends) at the n-th line event of the chosen frames: those of
+    torch's grad_mode.py (no_grad's __enter__/__exit__, set_grad_enabled) entered from ours,
+    or, with `ours`, our own. `seen`: how many such lines the last run ran."""
+
+    def __init__(self, ours: bool):
+        self.ours, self.at, self.seen = ours, None, 0
+
+    def _chosen(self, frame) -> bool:
+        name, caller = frame.f_code.co_filename, frame.f_back
+        if name == GRAD_MODE:  # entered or left by us, directly or through grad_mode itself
+            if caller is not None and caller.f_code.co_filename.startswith(PACKAGE):
+                return frame.f_code.co_name in ("__enter__", "__exit__")  # not the __init__
+            while caller is not None and caller.f_code.co_filename == GRAD_MODE:
+                frame, caller = caller, caller.f_back
+            return (caller is not None and caller.f_code.co_filename.startswith(PACKAGE)
+                    and frame.f_code.co_name in ("__enter__", "__exit__"))
+        return self.ours and name.startswith(PACKAGE)
+
+    def _trace(self, frame, event, arg):
+        if event == "call":
+            return self._trace if self._chosen(frame) else None
+        if event == "line":
+            self.seen += 1
+            if self.seen == self.at:
+                signal.raise_signal(signal.SIGINT)
+        return self._trace
+
+    def run(self, fn, at=None) -> None:
+        import sys
+
+        self.at, self.seen = at, 0
+        sys.settrace(self._trace)
+        try:
+            fn()
+        finally:
+            sys.settrace(None)
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["in torch's no_grad", "in our lines"])
+def test_ctrl_c_at_any_line_of_an_inspected_step_leaves_grad_mode_on(ours, monkeypatch):
+    from singlecard_nb.inspection.kernel import native
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 4)  # 4 features of 32 samples: per-channel statistics too
+    # without the kernel (a process whose build is not ready) small tensors are staged, in
+    # an inference_mode(False) block of ours
+    monkeypatch.setattr(native, "kernels", dict)
+
+    def step():
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.inference_mode():  # an evaluation: our inference_mode(False) inside it
+            model(x)
+
+    insp = scn.inspect(model, grads=True, params=True)
+    try:
+        step()
+        ctrl_c, user = CtrlC(ours), thread_state()
+        ctrl_c.run(step)
+        lines = ctrl_c.seen
+        assert lines > 0
+        # every line of torch's grad_mode entered from ours; of our own, 40 spread over a step
+        for at in range(1, lines + 1, 1 if not ours else max(1, lines // 40)):
+            try:
+                ctrl_c.run(step, at)
+            except KeyboardInterrupt:
+                pass
+            assert thread_state() == user, f"Ctrl-C at line event {at} of {lines}"
+            step()  # raised "element 0 of tensors does not require grad" with grad mode off
+    finally:
+        insp.stop()
+    nothing_left(model)

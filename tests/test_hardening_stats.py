@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -88,3 +89,58 @@ def test_a_step_with_float64_near_its_largest_value_keeps_its_rows():
     out = frame[frame.io == "output"].iloc[0]
     assert out["max"] == F64_MAX and out["min"] == -F64_MAX
     assert math.isfinite(out["mean"]) and out["mean"] == pytest.approx(exact(x)[0], rel=1e-9)
+
+
+# --- the kernel and the torch fallback give equal tensors equal statistics --------------------
+# Ranks of a job may read equal tensors on different paths (one whose kernel cache was cold
+# starts with torch): compare_ranks must find them equal (rtol 1e-6; a mean against its std).
+@pytest.fixture(scope="module")
+def kernels():
+    native.start()
+    if not native.wait(timeout=180):
+        pytest.skip(f"the one-pass kernel could not be built here: {native.status()}")
+    return native.kernels()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", [(16,), (64, 64), (128, 128), (4096, 8), (512, 512)])
+def test_the_kernel_and_torch_give_the_same_statistics(kernels, dtype, shape):
+    if dtype not in kernels:
+        pytest.skip(f"no kernel for {dtype} here")
+    for seed, (centre, spread) in enumerate([(0.0, 0.02), (0.5, 0.01), (1.0, 1e-3), (-3, 1)]):
+        torch.manual_seed(seed)
+        t = (torch.randn(shape, dtype=torch.float64) * spread + centre).to(dtype)
+        a, b = values(t, kernels), values(t)  # the kernel's, torch's
+        assert (a["min"], a["max"], a["absmax"], a["zeros"]) == (
+            b["min"], b["max"], b["absmax"], b["zeros"])
+        std = max(a["std"], b["std"])
+        # compare_ranks' measure: 1e-6 of the larger std (and of |mean|); both paths sum in
+        # float64, so they agree far closer (was 2.4e-6 to 5.3e-6 apart for bfloat16)
+        assert abs(a["mean"] - b["mean"]) <= 1e-9 * max(std, abs(a["mean"])), (seed, a, b)
+        assert abs(a["std"] - b["std"]) <= 1e-9 * std, (seed, a, b)
+
+
+def test_compare_ranks_finds_equal_parameters_equal_whichever_path_read_them(kernels,
+                                                                            monkeypatch):
+    def run() -> pd.DataFrame:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 64)).to(torch.bfloat16)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.1).add_(0.5)  # weights away from zero: float32 sums lost digits
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        with scn.inspect(model, params=True) as insp:
+            for _ in range(2):
+                loss = model(torch.ones(4, 64, dtype=torch.bfloat16)).float().square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return insp.frame()
+
+    with_kernel = run()
+    monkeypatch.setattr(native, "kernels", dict)  # a rank whose kernel is not loaded yet
+    with_torch = run()
+    frame = pd.concat([with_kernel.assign(rank=0), with_torch.assign(rank=1)],
+                      ignore_index=True)
+    found = scn.compare_ranks(frame)
+    assert found.first is None, found.first

@@ -519,6 +519,35 @@ def test_ctrl_c_while_ddp_is_built_leaves_no_gloo_listener_after_off(monkeypatch
 
 
 @needs_proc
+@pytest.mark.parametrize("where", ["_verify_param_shape_across_processes", "_sync_module_states"])
+def test_ctrl_c_in_ddps_collectives_leaves_no_gloo_listener_while_the_traceback_is_kept(
+        monkeypatch, where):
+    from torch.nn.parallel import distributed as ddp_module
+
+    session.pin("cpu")
+    try:
+        dist.init_process_group("gloo", timeout=SHORT)
+        (address,) = parallel.report()["listeners"]
+
+        def interrupted(process_group=None, *args, **kwargs):  # as torch's functions take it
+            assert process_group is dist.group.WORLD  # its frame holds the group, as torch's
+            raise KeyboardInterrupt  # Ctrl-C while DDP checks or broadcasts its parameters
+
+        monkeypatch.setattr(ddp_module, where, interrupted)
+        try:
+            DDP(nn.Linear(3, 3))
+        except KeyboardInterrupt:
+            kept = sys.exc_info()[2]  # what IPython keeps as sys.last_traceback
+        monkeypatch.undo()
+    finally:
+        session.release()
+    gc.collect()
+    assert not listening(address) and refuses_connections(address)  # was open until `del kept`
+    assert kept.tb_next is not None  # the traceback itself is the user's: still there
+    del kept
+
+
+@needs_proc
 def test_off_closes_the_gloo_listener_and_status_says_while_it_is_open():
     session.pin("cpu")
     try:

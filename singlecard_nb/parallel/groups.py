@@ -166,8 +166,8 @@ class Groups:
 
     def close(self) -> None:
         """Single-card mode ends: release our wrappers and destroy our group if it is current."""
-        group = self._group() if self._group is not None else None
-        self._group = None
+        ref, self._group = self._group, None
+        group = ref() if ref is not None else None
         if group is not None and dist.is_available() and dist.is_initialized() \
                 and dist.group.WORLD is group:
             self._release_wrappers_of(group)
@@ -177,6 +177,14 @@ class Groups:
         for wrapper in list(self._wrappers):
             if not is_live_group(getattr(wrapper, "process_group", None)):
                 release_wrapper(wrapper)
+        del group
+        cleared = _clear_finished_frames_holding(ref) if ref is not None else 0
+        if cleared:
+            self.notices.say("traceback-frames", (
+                f"singlecard_nb: a kept traceback (an interrupted DDP construction, IPython's "
+                f"last error) held the destroyed process group in {cleared} finished "
+                f"frame{'s' if cleared > 1 else ''}; their local variables were "
+                "cleared so that its gloo listener closes."))
 
     def _release_wrappers_of(self, group: Any) -> None:
         for wrapper in list(self._wrappers):
@@ -240,6 +248,43 @@ def _forget_dtensor_meshes() -> None:
     clear = getattr(debug, "_clear_sharding_prop_cache", None)
     if clear is not None:  # a torch without it (older): nothing to do
         clear()
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _clear_finished_frames_holding(ref: weakref.ref) -> int:
+    """Clear the finished frames whose locals still hold the destroyed group `ref` names (or
+    hold it in a tuple, list or dict: `*args`, a debugger's `f_locals`); how many were cleared.
+
+    A Ctrl-C inside DDP's construction (`_verify_param_shape_across_processes`,
+    `_sync_module_states`) leaves torch's frames in the traceback IPython keeps, each holding
+    the group as an argument, and gloo's listener open while they live. Frames still running
+    (and suspended generators) are left alone: they let go when they return."""
+    import gc
+    import types
+
+    group = ref()
+    if group is None:
+        return 0
+    here = sys._getframe()
+    frames: dict[int, types.FrameType] = {}
+    holders = gc.get_referrers(group)
+    for holder in holders + [outer for h in holders if isinstance(h, (tuple, list, dict))
+                             for outer in gc.get_referrers(h)]:
+        if isinstance(holder, types.FrameType) and holder is not here:
+            frames[id(holder)] = holder
+    del group, holders
+    cleared = 0
+    for frame in frames.values():
+        if frame.f_code.co_flags & _SUSPENDABLE:
+            continue
+        try:
+            frame.clear()
+        except RuntimeError:  # still executing
+            continue
+        cleared += 1
+    return cleared
 
 
 def _unpatched(function: Callable) -> Callable:

@@ -190,7 +190,7 @@ def total_norms(grads: dict[str, Track], last_only: bool = False) -> list[tuple[
     """(step, total 2-norm over the parameters) per kept step, oldest first, from each
     gradient's mean, std and number of elements; steps with NaN/Inf are left out.
     last_only: of each gradient's latest step only."""
-    sums: dict[int, float] = {}
+    norms: dict[int, list[float]] = {}  # step -> each gradient's 2-norm
     bad: set[int] = set()
     for t in grads.values():
         size = math.prod(t.shape) if isinstance(t.shape, (tuple, list)) else None
@@ -200,12 +200,14 @@ def total_norms(grads: dict[str, Track], last_only: bool = False) -> list[tuple[
             if e[NAN] or e[INF]:
                 bad.add(e[STEP])
                 continue
-            # Σx² from the mean and the unbiased std (a single value has no std: NaN)
-            spread = (size - 1) * e[STD] ** 2 if size > 1 else 0.0
-            square = size * e[MEAN] ** 2 + spread
-            if math.isfinite(square):
-                sums[e[STEP]] = sums.get(e[STEP], 0.0) + square
-    return [(s, math.sqrt(v)) for s, v in sorted(sums.items()) if s not in bad]
+            # √Σx² from the mean and the unbiased std (a single value has no std: NaN), by
+            # hypot: no square of a float64 beyond 1.3e154 overflows (a norm beyond float64's
+            # range is inf)
+            spread = math.sqrt(size - 1) * e[STD] if size > 1 else 0.0
+            norm = math.hypot(math.sqrt(size) * e[MEAN], spread)
+            if norm == norm:
+                norms.setdefault(e[STEP], []).append(norm)
+    return [(s, math.hypot(*v)) for s, v in sorted(norms.items()) if s not in bad]
 
 
 def _since(t: Track, limit: float, below: bool) -> int:

@@ -88,8 +88,9 @@ def movement(t: Track) -> tuple[float, str]:
     if v1 < LARGE_ACTIVATION:
         return 0.0, ""
     recent = [v for _, v in points[-WINDOW - 1:-1]]
-    jump = math.log(v1 / median(recent)) if recent else 0.0
-    trend = math.log(v1 / v0)
+    # differences of logs: a quotient of float64 extremes overflows (or underflows to 0)
+    jump = math.log(v1) - math.log(median(recent)) if recent else 0.0
+    trend = math.log(v1) - math.log(v0)
     if jump >= math.log(EXPLODING) and jump >= trend:
         return jump, f"absmax jumped {ratio_text(jump)} at step {s1} (to {num(v1)})"
     if trend >= math.log(EXPLODING):
@@ -146,9 +147,9 @@ def depth_growth(live: list[Track]) -> list[Row]:
         values = [p[1] for p in firsts]
         if not all(0 < v < math.inf for v in values):
             continue
-        total = values[-1] / values[0]
-        per_block = total ** (1 / (len(values) - 1))
-        if total < DEPTH_TOTAL or per_block < DEPTH_GROWTH:
+        log_total = math.log(values[-1]) - math.log(values[0])
+        per_block = math.exp(log_total / (len(values) - 1))
+        if log_total < math.log(DEPTH_TOTAL) or per_block < DEPTH_GROWTH:
             continue
         (n0, first), (n1, last) = members[0], members[-1]
         step = firsts[0][0]
@@ -157,7 +158,7 @@ def depth_growth(live: list[Track]) -> list[Row]:
                f"({len(members)} {type_}): each block adds more than it receives, so the "
                "activations explode with depth; initialise each residual branch smaller "
                "(÷√depth, as GPT-2 does), normalise each block's input, or lower the init std")
-        row = row_of(last, MOVING, math.log(total), why, since=step, phase=FORWARD)
+        row = row_of(last, MOVING, log_total, why, since=step, phase=FORWARD)
         row.path, row.kind = pattern.replace("{}", f"{{{n0}-{n1}}}"), "depth"
         row.type = f"{type_} stack"
         row.history = values
@@ -174,7 +175,7 @@ def change(t: Track) -> float:
     for column in (ABSMAX, STD):
         values = [e[column] for e in recent if 0 < e[column] < math.inf]
         if len(values) >= 2:
-            best = max(best, abs(math.log(values[-1] / values[0])))
+            best = max(best, abs(math.log(values[-1]) - math.log(values[0])))
     return best
 
 

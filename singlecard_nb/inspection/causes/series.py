@@ -348,12 +348,29 @@ def nanmax(a: float, b: float) -> float:
 
 
 def ratio_text(log_ratio: float) -> str:
+    """×1.5 or ÷20 of a log ratio; past float64's range (a float64 run at both its ends) in
+    powers of ten, never an OverflowError of exp."""
+    if log_ratio != log_ratio:
+        return "×(an unknown ratio: NaN)"
+    sign = "×" if log_ratio > 0 else "÷"
+    if log_ratio in (math.inf, -math.inf):
+        return f"{sign}(beyond float64's range)"
+    if abs(log_ratio) > _LOG_LARGEST:
+        return f"{sign}10^{round(abs(log_ratio) / math.log(10))}"
     r = math.exp(log_ratio)
     return f"×{r:.3g}" if r >= 1 else f"÷{1 / r:.3g}"
 
 
+_LOG_LARGEST = math.log(1e300)  # ratios past this are said in powers of ten
+
+
 def times(ratio: float) -> str:
-    """100× or 1e+06×: how many times, in words a person reads at once."""
+    """100× or 1e+06×: how many times, in words a person reads at once (a ratio that
+    overflowed float64, two values at its ends: "beyond 10^308×")."""
+    if ratio == math.inf:
+        return "beyond 10^308×"
+    if ratio != ratio:
+        return "an unknown number of times (NaN)"
     if ratio >= 1e4:
         return f"10^{round(math.log10(ratio))}×"
     return f"{ratio:.3g}×"

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ... import borrow
+
 # The latest checkpoints remembered (a training loop saves its best model again and again; the
 # one loaded back is nearly always among the last ones)
 KEPT = 8
@@ -85,7 +87,7 @@ def fingerprint(model: nn.Module) -> tuple | None:
     plain tensor (a DTensor shard, a meta tensor), as nothing then tells two models apart."""
     try:
         layout, picks = [], {}
-        with torch.no_grad():
+        with borrow.uninterrupted(), torch.no_grad():  # Ctrl-C: grad mode stays the user's
             for name, param in model.named_parameters():
                 tensor = param.detach()
                 if type(tensor) is not torch.Tensor or tensor.is_meta:

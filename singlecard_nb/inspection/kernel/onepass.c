@@ -4,14 +4,16 @@
        min, max, mean, 0, sum((x - mean)^2), NaN count, Inf count, count(x != 0)
    (RAW's shift is the mean and its s1 is 0: stats.finish makes std and the rest of VALUES).
 
-   The one read: values are widened to float (double for float64), and within each block of
-   BLOCK values LANES independent accumulators (so the compiler vectorises without reassociating
-   anything) sum d = x - c and d^2, c being the block's first value; each adds at most
-   BLOCK / LANES = 128 terms, a relative error of at most 128 * 2^-24 (about 8e-6), usually far
-   less. Blocks are merged in double with Chan's formula (mean, centred sum of squares), so
-   precision is only lost within a block, where sum(d^2) - sum(d)^2 / BLOCK cancels if values lie
-   far from c in units of their spread. min/max skip NaN (a NaN compares false); a NaN or Inf
-   makes the sums non-finite.
+   The one read: values of every dtype are widened to double, as the torch fallback
+   (reductions.py) sums them, so that the two paths give a tensor the same statistics to ~1e-12
+   of its spread (ranks of a job may read equal tensors on either path: compare_ranks' rtol is
+   1e-6). Within each block of BLOCK values LANES independent accumulators (so the compiler
+   vectorises without reassociating anything) sum d = x - c and d^2, c being the block's first
+   value; each adds at most BLOCK / LANES = 256 terms, a relative error of at most 256 * 2^-53.
+   Reading memory, not the arithmetic, bounds the cost of large tensors. Blocks are merged with
+   Chan's formula (mean, centred sum of squares), so precision is only lost within a block,
+   where sum(d^2) - sum(d)^2 / BLOCK cancels if values lie far from c in units of their spread.
+   min/max skip NaN (a NaN compares false); a NaN or Inf makes the sums non-finite.
 
    A second read, in double, only where the first cannot be trusted:
    - sums not finite: NaN and Inf are counted, and min, max and mean follow torch (NaN if any
@@ -68,9 +70,16 @@ static void merge(part_t *a, const part_t *b) {
 #define SPLIT(n, BODY) { BODY(0, (n), 0) }
 #endif
 
+/* float16 reads through float32's functions (half_read): its own go unused */
+#if defined(__GNUC__) || defined(__clang__)
+#define MAYBE_UNUSED __attribute__((unused))
+#else
+#define MAYBE_UNUSED
+#endif
+
 #define DEFINE_KERNEL(NAME, T, ACC, LANES, LOAD, RANGE)                                \
 /* the one read, over x[i..end) */                                                     \
-static void NAME##_read(const T *x, int64_t i, int64_t end, part_t *total) {           \
+static MAYBE_UNUSED void NAME##_read(const T *x, int64_t i, int64_t end, part_t *total) { \
     ACC lo[LANES], hi[LANES];                                                          \
     ACC first = LOAD(x[i]);                                                            \
     for (int j = 0; j < LANES; j++) { lo[j] = first; hi[j] = first; }                  \
@@ -114,7 +123,7 @@ static void NAME##_read(const T *x, int64_t i, int64_t end, part_t *total) {    
 }                                                                                      \
                                                                                        \
 /* the centred second read, in double: sums of d = x - mean and d^2 over x[i..end) */  \
-static void NAME##_centred(const T *x, int64_t i, int64_t end, double mean,           \
+static MAYBE_UNUSED void NAME##_centred(const T *x, int64_t i, int64_t end, double mean, \
                            double *sums) {                                             \
     double s1[8] = {0}, s2[8] = {0};                                                   \
     for (; i + 8 <= end; i += 8) {                                                     \
@@ -179,7 +188,7 @@ static inline float from_bf16(uint16_t b) {
 
 #define onepass_float32_READ_PART(a, b, t) onepass_float32_read(x, a, b, &parts[t]);
 #define onepass_float32_CENTRED_PART(a, b, t) onepass_float32_centred(x, a, b, mean, sums[t]);
-DEFINE_KERNEL(onepass_float32, float, float, 32, AS_IS, 1e18)
+DEFINE_KERNEL(onepass_float32, float, double, 16, AS_IS, 1e150)
 
 #define onepass_float64_READ_PART(a, b, t) onepass_float64_read(x, a, b, &parts[t]);
 #define onepass_float64_CENTRED_PART(a, b, t) onepass_float64_centred(x, a, b, mean, sums[t]);
@@ -187,12 +196,37 @@ DEFINE_KERNEL(onepass_float64, double, double, 16, AS_IS, 1e150)
 
 #define onepass_bfloat16_READ_PART(a, b, t) onepass_bfloat16_read(x, a, b, &parts[t]);
 #define onepass_bfloat16_CENTRED_PART(a, b, t) onepass_bfloat16_centred(x, a, b, mean, sums[t]);
-DEFINE_KERNEL(onepass_bfloat16, uint16_t, float, 32, from_bf16, 1e18)
+DEFINE_KERNEL(onepass_bfloat16, uint16_t, double, 16, from_bf16, 1e150)
 
 #ifdef __FLT16_MAX__ /* the compiler has _Float16 */
-#define onepass_float16_READ_PART(a, b, t) onepass_float16_read(x, a, b, &parts[t]);
-#define onepass_float16_CENTRED_PART(a, b, t) onepass_float16_centred(x, a, b, mean, sums[t]);
-DEFINE_KERNEL(onepass_float16, _Float16, float, 32, AS_FLOAT, 1e18)
+/* gcc makes (double)(float)h one call of __extendhfdf2 per value (software, ~7x slower): a
+   block at a time is converted to float (vcvtph2ps, exact) and read as float32 is, the blocks
+   where the float16 read would have them, so the sums are the same. */
+static void half_read(const _Float16 *x, int64_t i, int64_t end, part_t *total) {
+    float values[BLOCK];
+    part_t acc = {0, 0, 0, 0, 0, 0, 0};
+    for (; i < end; i += BLOCK) {
+        int64_t count = end - i < BLOCK ? end - i : BLOCK;
+        for (int64_t k = 0; k < count; k++) values[k] = (float)x[i + k];
+        part_t block;
+        onepass_float32_read(values, 0, count, &block);
+        merge(&acc, &block);
+    }
+    *total = acc;
+}
+
+static void half_centred(const _Float16 *x, int64_t i, int64_t end, double mean, double *sums) {
+    float values[BLOCK];
+    for (; i < end; i += BLOCK) {
+        int64_t count = end - i < BLOCK ? end - i : BLOCK;
+        for (int64_t k = 0; k < count; k++) values[k] = (float)x[i + k];
+        onepass_float32_centred(values, 0, count, mean, sums);
+    }
+}
+
+#define onepass_float16_READ_PART(a, b, t) half_read(x, a, b, &parts[t]);
+#define onepass_float16_CENTRED_PART(a, b, t) half_centred(x, a, b, mean, sums[t]);
+DEFINE_KERNEL(onepass_float16, _Float16, double, 16, AS_FLOAT, 1e150)
 int onepass_has_float16(void) { return 1; }
 #else
 int onepass_has_float16(void) { return 0; }

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ... import borrow
+
 _REDUCIBLE = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
@@ -44,23 +46,26 @@ def plain(t: torch.Tensor) -> torch.Tensor | None:
     subclasses: their `data_ptr()` is 0)."""
     if type(t) is torch.Tensor:
         return t
-    with torch.no_grad():
-        if callable(getattr(t, "to_local", None)) and hasattr(t, "placements"):  # DTensor
+    if callable(getattr(t, "to_local", None)) and hasattr(t, "placements"):  # DTensor
+        # to_local() and get_data() are differentiable: no_grad, with Ctrl-C held back from
+        # its entry to its exit (one in its __exit__ would leave grad mode off for the user)
+        with borrow.uninterrupted(), torch.no_grad():
             local = t.to_local()
             wait = getattr(local, "wait", None)  # an AsyncCollectiveTensor
-            return plain(wait() if callable(wait) and type(local) is not torch.Tensor
-                         else local)
-        if callable(getattr(t, "get_data", None)) and callable(getattr(t, "get_mask", None)):
+            local = wait() if callable(wait) and type(local) is not torch.Tensor else local
+        return plain(local)
+    if callable(getattr(t, "get_data", None)) and callable(getattr(t, "get_mask", None)):
+        with borrow.uninterrupted(), torch.no_grad():
             data, mask = t.get_data(), t.get_mask()  # MaskedTensor: the values it holds
-            if type(data) is torch.Tensor and type(mask) is torch.Tensor:
-                return data.detach()[mask]
+        if type(data) is torch.Tensor and type(mask) is torch.Tensor:
+            return data.detach()[mask]
+        return None
+    d = t.detach()  # no graph: nothing needs no_grad here
+    if type(d) is not torch.Tensor:
+        try:
+            d = d.as_subclass(torch.Tensor)  # a subclass made by _make_subclass: real memory
+        except (RuntimeError, TypeError):
             return None
-        d = t.detach()
-        if type(d) is not torch.Tensor:
-            try:
-                d = d.as_subclass(torch.Tensor)  # a subclass made by _make_subclass: real memory
-            except (RuntimeError, TypeError):
-                return None
     if d.numel() and not _has_memory(d):
         return None
     return d

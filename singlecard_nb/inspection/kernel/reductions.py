@@ -17,12 +17,11 @@ import torch
 
 RAW = ("min", "max", "shift", "s1", "s2", "nan", "inf", "nonzero")  # s1 = sum(x - shift), s2 of squares
 # A second, centred pass when the mean square exceeds the variance this many times: the
-# one-pass variance loses about log10(ratio) digits of the float32 sums' precision.
+# one-pass variance loses about log10(ratio) digits of the float64 sums' precision.
 CANCELLATION_LIMIT = 10.0
 _AMINMAX_NUMEL = 200_000  # below this one aminmax beats amin + amax (fewer dispatches)
 _ZERO_CHUNK = 1 << 18  # zeros are counted in chunks: no tensor-sized temporary
 _SUM_CHUNK = 1 << 16  # float64 copies of this many values at a time (512 KiB)
-_FLOAT32_MAX = torch.finfo(torch.float32).max
 # float64 squares of values beyond this (or below its inverse) overflow (or lose digits to
 # underflow): such rows are taken exactly (stats.StepStats._check_range)
 FLOAT64_SQUARES_FIT = 1e150
@@ -99,21 +98,15 @@ def reduce_rows(m: torch.Tensor) -> torch.Tensor:
     """RAW of each row of a [k, n] matrix of small tensors' copies ([k, 8] float64).
 
     Measured on the CPU: amin + amax are ~40x faster than aminmax(dim=1), and a centred norm
-    ~20x faster than var_mean. Sums are float64 on a GPU (as for large tensors: nothing is read
-    to decide), and on a CPU where float32 squares could overflow (|x| * sqrt(n) beyond ~1e19)
-    or lose digits to underflow.
+    ~20x faster than var_mean. Sums are float64 (float32 only on MPS, which has no float64), as
+    on every other path: a tensor gets the same statistics whichever path read it.
     """
     device = m.device
     n = m.shape[1]
     on_cpu = device.type == "cpu"
     f64 = wide(device)
     lo, hi = m.amin(dim=1), m.amax(dim=1)
-    if m.dtype != torch.float64:
-        bound = min(1e18, math.sqrt(_FLOAT32_MAX / n) / 4)  # n squares fit, with room
-        largest = torch.maximum(lo.abs(), hi.abs())
-        if not on_cpu or bool(((largest >= bound)
-                               | ((largest <= 1e-18) & (lo != hi))).any()):
-            m = m.to(f64)
+    m = m.to(f64)  # sums in float64, as the kernel's and every other path's
     shift = m.sum(dim=1) / n
     centred = m - shift.unsqueeze(1)
     norm = torch.linalg.vector_norm(centred, dim=1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ... import borrow
+
 
 class Staging:
     """Copies of same-shaped small tensors, written row by row into preallocated chunks.
@@ -21,16 +23,24 @@ class Staging:
         self.filled = 0  # rows used in the last chunk
         self.capacity = 0  # rows in the last chunk (an int: len(tensor) is slow Python)
 
+    def _new_chunk(self, rows: int) -> torch.Tensor:
+        return torch.empty((rows, *self.shape), dtype=self.dtype, device=self.device)
+
     def add(self, x: torch.Tensor, slot: int) -> int:
         """Copy `x` into the next row (converting its dtype); returns the bytes reserved."""
         reserved = 0
         if self.filled == self.capacity:
             rows = min(16 << len(self.chunks), 1024)  # grows geometrically, bounded waste
-            # A normal tensor even under inference_mode: a step can mix inference_mode calls
-            # with normal ones, and an inference tensor cannot be written outside it.
-            with torch.inference_mode(False):
-                self.chunks.append(torch.empty((rows, *self.shape), dtype=self.dtype,
-                                               device=self.device))
+            if torch.is_inference_mode_enabled():
+                # A normal tensor even under inference_mode: a step can mix inference_mode
+                # calls with normal ones, and an inference tensor cannot be written outside
+                # it. Ctrl-C held back (~20 µs, so only here): one landing in its __exit__
+                # would leave the user's thread in another mode.
+                with borrow.uninterrupted(), torch.inference_mode(False):
+                    chunk = self._new_chunk(rows)
+            else:
+                chunk = self._new_chunk(rows)
+            self.chunks.append(chunk)
             self.filled, self.capacity = 0, rows
             reserved = self.chunks[-1].nbytes
         self.chunks[-1][self.filled].copy_(x)

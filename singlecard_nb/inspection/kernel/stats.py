@@ -12,8 +12,8 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
                         the cost of one `x.sum()` on large tensors and under a microsecond on
                         small ones. It reads a second time, in float64, only where the first
                         read cannot be trusted: NaN/Inf (counted), a variance that cancels,
-                        squares out of float32's range (values beyond ~1e18 or below ~1e-18),
-                        or `exact_std`. A strided view is copied first. Until the kernel is
+                        squares out of float64's range (values beyond ~1e150 or below
+                        ~1e-150), or `exact_std`. A strided view is copied first. Until the kernel is
                         ready, or where it cannot be built, torch reductions do the same
                         (`reductions.py`: a few reads per tensor, sums in float64).
     small tensors       on a GPU, and on a CPU before the kernel is ready: tensors of at most
@@ -26,14 +26,15 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 Which tensors can be read, and how (a subclass's data, one dense block), is `readable.py`; the
 RAW rows become VALUES in `values.py`.
 
-Exactness (the same on the kernel and the torch fallback): min, max, absmax and the NaN/Inf/zero counts are exact. mean and std are taken in
-float32 within blocks of 4096 values and float64 across blocks (float64 throughout on a GPU);
-std never comes from a difference that cancels by more than CANCELLATION_LIMIT, so std has a
-relative error below 1e-4 at worst, and mean an error below 1e-5 of the values' spread (a float32
-block sum of deviations: a mean near zero is not known to 1e-5 of itself), both typically 1e-7. A
-constant tensor gets std exactly 0 and its value as mean. `exact_std=True` always takes the
-second pass. float64 values beyond about 1e150 (or all below 1e-150), whose squares leave
-float64's range, get their mean and std taken exactly on the CPU, scaled by a power of two.
+Exactness (the same on every path): min, max, absmax and the NaN/Inf/zero counts are exact.
+mean and std are summed in float64 on every path, whatever the dtype (float32 only on MPS, which
+has none), so the kernel and torch's reductions give a tensor the same statistics to ~1e-12 of
+its spread: ranks of a job that read equal tensors on different paths compare equal
+(compare_ranks' rtol is 1e-6). std never comes from a difference that cancels by more than
+CANCELLATION_LIMIT. A constant tensor gets std exactly 0 and its value as mean.
+`exact_std=True` always takes the second pass. float64 values beyond about 1e150 (or all below
+1e-150), whose squares leave float64's range, get their mean and std taken exactly on the CPU,
+scaled by a power of two.
 """
 
 from __future__ import annotations

@@ -28,10 +28,11 @@ def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
     channels = t.shape[1]
     if not 2 <= channels <= MAX_CHANNELS or t.numel() < MIN_SAMPLES * channels:
         return None  # a handful of samples per channel: their spread says nothing yet
-    with torch.no_grad():
-        x = t.detach().transpose(0, 1).reshape(channels, -1).float()
-        std, mean = torch.std_mean(x, dim=1, correction=0)
-        return torch.stack([mean, std, x.abs().amax(dim=1)], dim=1)
+    # Of a detached tensor: no graph, so no no_grad block (a Ctrl-C landing in no_grad's
+    # __exit__ would leave grad mode off in the user's thread)
+    x = t.detach().transpose(0, 1).reshape(channels, -1).float()
+    std, mean = torch.std_mean(x, dim=1, correction=0)
+    return torch.stack([mean, std, x.abs().amax(dim=1)], dim=1)
 
 
 def channels_to_host(pending: dict[str, tuple[Any, torch.Tensor]]) -> dict[str, dict]:
@@ -131,17 +132,16 @@ class Snapshots:
     def take(self, optimizer: Any, param_targets: ParamTargets) -> None:
         used, skipped = 0, 0
         self._before.clear()
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if id(p) in self._before or p not in param_targets:
-                        continue
-                    size = p.numel() * p.element_size()
-                    if used + size > self.budget:
-                        skipped += 1
-                        continue
-                    used += size
-                    self._before[id(p)] = p.detach().clone()
+        for group in optimizer.param_groups:  # detached copies: no no_grad (channel_stats)
+            for p in group["params"]:
+                if id(p) in self._before or p not in param_targets:
+                    continue
+                size = p.numel() * p.element_size()
+                if used + size > self.budget:
+                    skipped += 1
+                    continue
+                used += size
+                self._before[id(p)] = p.detach().clone()
         if skipped:
             self._say("update-budget", f"the update ratio |Δw|/|w| of {skipped} parameters is "
                       f"not recorded: copying them before each optimiser step would take more "
@@ -152,8 +152,7 @@ class Snapshots:
         before = self._before.pop(id(param), None)
         if before is None:
             return None
-        with torch.no_grad():
-            return param.detach() - before
+        return param.detach() - before  # of detached tensors: no graph, no no_grad
 
     def clear(self) -> None:
         self._before.clear()

@@ -29,8 +29,12 @@ class OptimizerRows:
         self._grads: dict[int, tuple] = {}
 
     def before_step(self, optimizer, param_targets: ParamTargets) -> None:
-        """Copies of the parameters `optimizer` is about to update (for Δw; bounded)."""
-        self._recorder.guarded(self.snapshots.take, optimizer, param_targets)
+        """Copies of the parameters `optimizer` is about to update (for Δw; bounded).
+
+        Every inspector hears every optimiser of the process (one hook for all): another
+        model's, stepping in another thread meanwhile, must leave this one's copies alone."""
+        if any(p in param_targets for group in optimizer.param_groups for p in group["params"]):
+            self._recorder.guarded(self.snapshots.take, optimizer, param_targets)
 
     def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
@@ -42,20 +46,21 @@ class OptimizerRows:
         found = ((p, param_targets.get(p)) for group in optimizer.param_groups
                  for p in group["params"])
         mine = [(p, *targeted) for p, targeted in found if targeted is not None]
-        if mine:
-            recorder.optimizer_steps += 1
-            carried = self._carried(mine)
-            recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
-                                                              under_grad_scaler(), carried))
-            if "buffers" not in calls:  # once per step (calls is cleared at each)
-                calls["buffers"] = 1
-                for target, module_ref in buffer_modules:
-                    module = module_ref()
-                    if module is None:
-                        continue
-                    for name, buffer in module.named_buffers(recurse=False):
-                        recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
-                                         buffer.detach(), module.training)
+        if not mine:
+            return  # another model's optimiser: this model's copies (Δw) stay for its own step
+        recorder.optimizer_steps += 1
+        carried = self._carried(mine)
+        recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
+                                                          under_grad_scaler(), carried))
+        if "buffers" not in calls:  # once per step (calls is cleared at each)
+            calls["buffers"] = 1
+            for target, module_ref in buffer_modules:
+                module = module_ref()
+                if module is None:
+                    continue
+                for name, buffer in module.named_buffers(recurse=False):
+                    recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
+                                     buffer.detach(), module.training)
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)

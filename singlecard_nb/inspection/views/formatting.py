@@ -18,10 +18,15 @@ def sparkline(values: Any) -> str:
     if not finite:
         return "·" * len(values)
     low, high = min(finite), max(finite)
-    scale = (len(_SPARK) - 1) / (high - low) if high > low else 0.0
+    # a span from -1.7e308 to 1.7e308 overflows float64: measured in halves (halving every
+    # span would lose a series of denormals)
+    half = 0.5 if high - low == math.inf else 1.0
+    span = high * half - low * half
+    top = len(_SPARK) - 1
     return "".join(
         "·" if v is None or v != v else "!" if v in (math.inf, -math.inf)
-        else _SPARK[round((v - low) * scale)] for v in values)
+        else _SPARK[round((v * half - low * half) / span * top) if span > 0 else 0]
+        for v in values)
 
 
 def sparklines(series: list[list[float]]) -> list[str]:
@@ -38,10 +43,12 @@ def sparklines(series: list[list[float]]) -> list[str]:
     finite = np.isfinite(values)
     low = np.where(finite, values, np.inf).min(axis=1, keepdims=True)
     high = np.where(finite, values, -np.inf).max(axis=1, keepdims=True)
-    span = high - low
-    with np.errstate(invalid="ignore", divide="ignore"):
-        scale = np.where(span > 0, (len(_SPARK) - 1) / span, 0.0)
-        levels = np.rint(np.where(finite, (values - low) * scale, 0)).astype(int)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        # a span from -1.7e308 to 1.7e308 overflows float64: measured in halves (as above)
+        half = np.where(np.isinf(high - low), 0.5, 1.0)
+        span = high * half - low * half
+        position = np.where(finite & (span > 0), (values * half - low * half) / span, 0.0)
+        levels = np.rint(position * (len(_SPARK) - 1)).astype(int)
     chars = np.array(list(_SPARK))[np.clip(levels, 0, len(_SPARK) - 1)]
     chars[np.isnan(values)] = "·"
     chars[np.isinf(values)] = "!"
@@ -76,9 +83,12 @@ def trend(first: float, last: float) -> str:
     """`0.52→3.1 ×6`: first and last value and their ratio (where both are positive)."""
     text = f"{num(first)}→{num(last)}"
     if first > 0 and last > 0 and math.isfinite(first) and math.isfinite(last):
-        ratio = last / first
-        if ratio >= 1.5 or ratio <= 1 / 1.5:
-            text += f" ×{num(ratio)}"
+        # in logs: 1e-300 → 1e300 is ×10^600, past float64's range as a quotient
+        logged = math.log10(last) - math.log10(first)
+        if abs(logged) >= 300:
+            text += f" ×10^{round(logged)}"
+        elif abs(logged) >= math.log10(1.5):
+            text += f" ×{num(10 ** logged)}"
     return text
 
 

@@ -65,6 +65,8 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
     # A NaN cell is either "the statistic was NaN" (red) or "the module did not run in that
     # step" (blank); only the frame's nan/inf counts can tell them apart.
     bad = np.isinf(table.to_numpy(dtype=float)) | rows_of.nonfinite_cells(frame, table, io)
+    values, scaled = _plottable(values, stat, relative)
+    finite = np.isfinite(values)
     masked = np.ma.masked_where(~finite, values)
 
     rows, cols = values.shape
@@ -79,13 +81,14 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
         fig, ax = figures.new_figure(width, height)
     # blank: a step in which the module did not run
     cmap = matplotlib.colormaps["coolwarm" if relative else "viridis"].with_extremes(bad="white")
-    norm = _norm(values[finite], stat, relative)
+    norm = None if scaled else _norm(values[finite], stat, relative)
     image = ax.imshow(masked, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
     if bad.any():
         overlay = np.ma.masked_where(~bad, np.ones_like(values))
         ax.imshow(overlay, aspect="auto", interpolation="nearest",
                   cmap=colors.ListedColormap([figures.BAD_COLOUR]), vmin=0, vmax=1)
     label = f"{stat} ÷ its first step" if relative else stat
+    label = scaled.format(label) if scaled else label
     fig.colorbar(image, ax=ax, label=label + (" (log scale)" if norm is not None else ""),
                  fraction=0.04, pad=0.02)
 
@@ -120,15 +123,44 @@ def heatmap(insp: Any, stat: str = "absmax", io: str = "output",
 
 
 def _relative(values: Any) -> Any:
-    """Each row divided by its first finite, non-zero value."""
+    """Each row divided by its first finite, non-zero value (a quotient past float64's range,
+    1e308 ÷ 1e-300, is kept at float64's largest: drawn at the scale's end, not blank)."""
     import numpy as np
 
     out = np.full_like(values, np.nan)
     for i, row in enumerate(values):
         base = row[np.isfinite(row) & (row != 0)]
         if base.size:
-            out[i] = row / base[0]
-    return out
+            with np.errstate(over="ignore"):
+                out[i] = row / base[0]
+    largest = np.finfo(np.float64).max
+    return np.where(np.isfinite(values) & np.isinf(out), np.copysign(largest, out), out)
+
+
+# matplotlib's colour scales and colour bars overflow (or find no ticks) for values past
+# 1e±300, which a float64 run at its ends reaches
+_PLOTTABLE = 1e300
+
+
+def _plottable(values: Any, stat: str, relative: bool) -> tuple[Any, str]:
+    """`values` as matplotlib can draw them, and how the colour bar names them ("" when
+    drawn as they are): past 1e±300, non-negative statistics as their log10, signed ones in
+    units of a power of ten."""
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return values, ""
+    big = float(np.abs(finite).max())
+    nonzero = np.abs(finite[finite != 0])
+    small = float(nonzero.min()) if nonzero.size else 1.0
+    if big <= _PLOTTABLE and small >= 1 / _PLOTTABLE:
+        return values, ""
+    if (relative or stat in _LOG_FRIENDLY) and finite.min() >= 0:
+        with np.errstate(divide="ignore"):
+            return np.log10(values), "log10 of {} (past the range a colour scale draws)"
+    power = int(np.floor(np.log10(big)))
+    return values / 10.0 ** power, f"{{}} in units of 1e{power}"
 
 
 def _norm(shown: Any, stat: str, relative: bool) -> Any:
@@ -187,19 +219,22 @@ def _block_panel(ax: Any, fig: Any, table: Any, blocks: tuple, stat: str, relati
             path = f"{prefix}.{n}" if prefix else str(n)
             path = path if kind == "(block)" else f"{path}.{kind}"
             if path in last.index:
-                grid[i, j] = last[path] / first[path] if relative else last[path]
+                with np.errstate(over="ignore"):
+                    grid[i, j] = last[path] / first[path] if relative else last[path]
                 # a module that did not run in that step stays blank, not red
                 red[i, j] = path in flagged or bool(np.isinf(last[path]))
+    grid, scaled = _plottable(grid, stat, relative)
     finite = np.isfinite(grid)
     cmap = matplotlib.colormaps["coolwarm" if relative else "viridis"].with_extremes(bad="white")
-    norm = _norm(grid[finite], stat, relative)
+    norm = None if scaled else _norm(grid[finite], stat, relative)
     image = ax.imshow(np.ma.masked_where(~finite, grid), aspect="auto", interpolation="nearest",
                       cmap=cmap, norm=norm)
     if red.any():
         ax.imshow(np.ma.masked_where(~red, np.ones_like(grid)), aspect="auto",
                   interpolation="nearest", cmap=colors.ListedColormap([figures.BAD_COLOUR]),
                   vmin=0, vmax=1)
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02, label=scaled.format(stat) if scaled
+                 else None)
     ax.set_yticks(range(len(numbers)), [f"{prefix}.{n}" if prefix else str(n) for n in numbers],
                   fontsize=8 if len(numbers) <= 40 else 5)
     ax.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right", fontsize=7)
