@@ -1,0 +1,54 @@
+"""The ranking on what real runs throw at it: wide inputs in bounded time, and words that match
+what was measured (issue 41)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+import singlecard_nb as scn
+from singlecard_nb.inspection.causes import Tracks, assess
+from singlecard_nb.inspection.causes.series import Channels
+
+
+def _wide_tracks(features: int) -> Tracks:
+    tracks = Tracks()
+    tracks.add_row("input", 0, "", "Net", 0, "[0]", (64, features), "float32", 0.0, 1.0, 3.0,
+                   0, 0, 0.0)
+    values = [(0.0, 1.0 + (c % 7) / 10, 3.0) for c in range(features)]
+    values[features // 2] = (0.0, 900.0, 2700.0)  # one unscaled feature among them
+    tracks.channels["input[0]"] = Channels("input[0]", (64, features), 0, 0, values)
+    return tracks
+
+
+def test_the_channel_rule_is_fast_on_100_000_features_and_still_finds_the_odd_one():
+    for features in (4096, 100_000):
+        tracks = _wide_tracks(features)
+        began = time.perf_counter()
+        rows = assess(tracks)
+        took = time.perf_counter() - began
+        assert took < 1.0, f"{features} features: {took:.2f} s"
+        assert any(r.why.startswith(f"feature {features // 2} ") for r in rows)
+
+
+def test_findings_and_summary_of_a_model_fed_4096_features_take_under_a_second():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 8), nn.ReLU(), nn.Linear(8, 1))
+    with scn.inspect(model) as insp:
+        model(torch.randn(64, 4096))
+    began = time.perf_counter()
+    insp.findings()
+    repr(insp.summary())
+    assert time.perf_counter() - began < 1.0
+
+
+def test_a_large_gradient_is_never_called_vanishing():
+    # the README's example: a head group with 100x the lr, gradients of 1e12 beside 1e16
+    tracks = Tracks()
+    for step in range(3):
+        for i, size in enumerate((1e16, 1e12, 3e12, 1e13, 2e12)):
+            tracks.add_row("param_grad", step, f"layer{i}", "Linear", 0, "weight", (8, 8),
+                           "float32", 0.0, size / 3, size, 0, 0, 0.0)
+    assert not any("vanishing" in r.why for r in assess(tracks))
