@@ -95,7 +95,8 @@ def test_a_frame_cut_to_another_rank_does_not_rank_with_this_ranks_channels(tmp_
 def test_a_file_without_the_extras_tables_loads_and_ranks_its_rows(tmp_path):
     path = _dead_channel_job().save(tmp_path / "old.db")
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE record_channels; DROP TABLE record_param_groups;")
+    db.executescript("DROP TABLE record_channels; DROP TABLE record_param_groups; "
+                     "DROP TABLE record_losses;")
     db.close()
     frame = scn.load(path)
     assert len(frame) and frame.attrs["singlecard_nb"]["extras"] == []
@@ -150,7 +151,9 @@ def test_the_condensed_extras_a_frame_keeps_build_the_tracks_all_steps_build():
     def group(lr):
         return [{"optimizer": "SGD", "group": 0, "lr": lr, "weight_decay": 0.0,
                  "params": ["fc.weight"]}]
-    steps = [{"step": s, "optimizer": group(0.1 / (s + 1))} for s in range(6)]
+    steps = [{"step": s, "optimizer": group(0.1 / (s + 1)),
+              "loss": {"values": [1.0 / (s + 1)], "ops": ["MseLoss"], "shared": 1}}
+             for s in range(20)]
     for s in (2, 3, 5):  # an input whose channels are recorded from step 2 on
         steps[s]["channels"] = {"[0]": {"shape": (8, 3), "values": [[s, 1.0, 2.0]] * 3}}
     steps[4]["channels"] = {"[1]": {"shape": (8, 2), "values": [[0.0, 1.0, 1.0]] * 2}}
@@ -161,8 +164,11 @@ def test_the_condensed_extras_a_frame_keeps_build_the_tracks_all_steps_build():
         kept.add_extras(item)
     assert len(condensed(steps)) < len(steps)
     assert kept.channels == every.channels and kept.channels["input[0]"].first_step == 2
-    assert kept.optimizer == every.optimizer and kept.optimizer[0]["lr"] == pytest.approx(0.1 / 6)
+    assert kept.optimizer == every.optimizer and kept.optimizer[0]["lr"] == pytest.approx(0.1 / 20)
     assert kept.optimizer_first_step == every.optimizer_first_step == 0
+    # what the steps add up to (counts, the lr and loss series) is kept whole
+    assert kept.optimizer_steps == every.optimizer_steps == 20
+    assert kept.lr_history == every.lr_history and kept.losses == every.losses
 
 
 def test_findings_takes_an_inspector_and_refuses_what_holds_no_records(tmp_path):

@@ -6,7 +6,8 @@ of a type, dead modules and the module upstream that killed them), `inputs` (the
 inputs: scale, per channel), `params` (growth, shrinking, update ratio), `grads` (vanishing,
 exploding, clipped to a tiny total norm), `optimizer` (param groups' lr and weight decay),
 `learning` (the invariants of a step: every parameter meant to learn gets a gradient, is stepped
-and changes; gradients are fresh; training runs in training mode; sane update sizes and lr). Plain Python
+and changes; gradients are fresh; training runs in training mode; sane update sizes and lr),
+`loss` (the loss itself: finite, decreasing, near unit scale, of logits). Plain Python
 over `series.Tracks`: no numpy, no pandas, nothing of the recording machinery; the views (live,
 summary, plots), `%inspect all` and the terminal all show this one order.
 
@@ -19,7 +20,7 @@ tier and size; then the quiet rest.
 
 from __future__ import annotations
 
-from . import grads, inputs, learning, optimizer, outputs, params
+from . import grads, inputs, learning, loss, optimizer, outputs, params
 from .rows import NONFINITE, QUIET, WAS_NONFINITE, Row
 from .series import ABSMAX, MEAN, Tracks, num
 
@@ -34,6 +35,7 @@ def assess(tracks: Tracks) -> list[Row]:
     rows += grads.assess(tracks.grads or tracks.step_grads)
     rows += grads.clipped(tracks.step_grads, tracks.grads, tracks.scaled)
     rows += learning.assess(tracks)
+    rows += loss.assess(tracks)
     troubled = {r.path for r in rows if r.kind in ("param", "grad") and r.is_finding}
     rows += optimizer.assess(tracks.optimizer, tracks.optimizer_first_step, troubled)
     for row in rows:
@@ -73,7 +75,7 @@ def first_grown(tracks: Tracks) -> str | None:
     return f"the first parameter to go wrong was {first.path} (from step {first.since}: {first.why})"
 
 
-_CAUSE_KINDS = ("optimizer", "param", "input", "depth", "grad")
+_CAUSE_KINDS = ("optimizer", "param", "input", "depth", "grad", "loss")
 
 
 def prior_cause(tracks: Tracks, step: int) -> str | None:

@@ -66,8 +66,9 @@ def _assess(t: Track, ratio: tuple[float, int] | None, typical: float | None,
         why = (f"{what} in the parameter after the optimiser step of step {t.bad_step}: the "
                "update (gradient × learning rate) was non-finite or too large")
         since = t.bad_step
-        grown = _growth(t, before=t.bad_step)
-        if grown is not None:  # it grew first: that is where it began
+        # it grew first: that is where it began (as growth is judged: of a matrix, or EXTREME)
+        grown = _growth(t, before=t.bad_step, least=GROWN if _matrix(t) else EXTREME)
+        if grown is not None:
             factor, start, since = grown
             why += f"; before that its RMS grew {times(factor)} from step {since}"
         return row_of(t, NONFINITE, float(nan + inf), why, since=since, phase=AFTER_STEP)

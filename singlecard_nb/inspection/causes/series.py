@@ -165,6 +165,11 @@ class Tracks:
         self.scaled = False  # an optimiser step ran inside GradScaler.step
         # (optimizer, group) -> [(step, lr)], every step's, halved when long (bounded)
         self.lr_history: dict[tuple[str, int], list[tuple[int, float]]] = {}
+        # what loss.backward() was called on: [(step, value)], every step's, halved when long
+        self.losses: list[tuple[int, float]] = []
+        self.loss_ops: list[str] = []  # its last autograd operations, from the loss back
+        self.loss_shared = False  # a loss another inspected model took too (a GAN's)
+        self.losses_per_step = 0  # the most backward() calls of one step
         self.last_step: int | None = None
         self._fed: dict[int, tuple[Any, int]] = {}  # id(record) -> (record, rows read)
         self._count = 0
@@ -230,6 +235,9 @@ class Tracks:
         """What a step record holds beside its rows: channels and optimiser groups, by name."""
         if not extras:
             return
+        if "history" in extras:  # a condensed frame's: replaces what its two items added
+            self._restore_history(extras["history"])
+            return
         step = extras.get("step", self.last_step or 0)
         for index, item in extras.get("channels", {}).items():
             index = "input" + index
@@ -237,6 +245,15 @@ class Tracks:
             self.channels[index] = Channels(index, item["shape"],
                                             known.first_step if known else step, step,
                                             [tuple(c) for c in item["values"]])
+        loss = extras.get("loss")
+        if loss:
+            values = [to_float(v) for v in loss.get("values", ())]
+            self.losses += [(step, v) for v in values]
+            if len(self.losses) >= 2 * TRAIL:
+                self.losses[:] = self.losses[::2]
+            self.loss_ops = self.loss_ops or list(loss.get("ops", ()))
+            self.loss_shared = self.loss_shared or loss.get("shared", 1) > 1
+            self.losses_per_step = max(self.losses_per_step, len(values))
         groups = extras.get("optimizer")
         if groups:
             self.optimizer = [dict(g, step=step) for g in groups]
@@ -255,6 +272,26 @@ class Tracks:
                     history.append((step, float(g["lr"])))
                     if len(history) >= TRAIL:
                         history[:] = history[::2]
+
+    _HISTORY_FIELDS = ("optimizer_steps", "eval_steps", "carried_steps", "scaled", "losses",
+                       "loss_ops", "loss_shared", "losses_per_step")
+
+    def history(self) -> dict:
+        """What the extras of every step added up to, by name: the counts, steps and loss
+        series the rules read, and each group's lr history (a loaded frame keeps this)."""
+        out = {name: getattr(self, name) for name in self._HISTORY_FIELDS}
+        out["lr_history"] = [[opt, group, steps] for (opt, group), steps
+                             in self.lr_history.items()]
+        return out
+
+    def _restore_history(self, history: dict) -> None:
+        for name in self._HISTORY_FIELDS:
+            if name in history:
+                value = history[name]
+                setattr(self, name, [tuple(v) if isinstance(v, list) else v for v in value]
+                        if name == "losses" else value)
+        self.lr_history = {(opt, group): [tuple(p) for p in steps]
+                           for opt, group, steps in history.get("lr_history", ())}
 
     @classmethod
     def from_frame(cls, frame: Any, extras: Iterable[dict] | None = None) -> Tracks:
@@ -292,10 +329,14 @@ def extras_of(frame: Any) -> list[dict]:
 def condensed(extras: Iterable[dict]) -> list[dict]:
     """The few extras that build the same Tracks as all of `extras` (steps in order): each
     input's channels and the param groups at their first step and their latest. A frame keeps
-    these, not every step's (pandas deep-copies a frame's attrs on every operation)."""
+    these, not every step's (pandas deep-copies a frame's attrs on every operation), and last
+    one "history" item: what the steps add up to (`Tracks.history`), bounded."""
     channels: dict[str, list] = {}  # index -> [first step, latest step, latest item]
     groups: list = []  # [first step, latest step, latest groups]
+    scratch = Tracks()  # what every step's extras add up to: counts, lr and loss histories
     for item in extras:
+        scratch.add_extras(item)
+        scratch.last_step = max(item.get("step", 0), scratch.last_step or 0)
         step = item.get("step", 0)
         for index, found in (item.get("channels") or {}).items():
             known = channels.setdefault(index, [step, step, found])
@@ -307,7 +348,10 @@ def condensed(extras: Iterable[dict]) -> list[dict]:
         out += [{"step": s, "channels": {index: found}} for s in dict.fromkeys((first, last))]
     if groups:
         out += [{"step": s, "optimizer": groups[2]} for s in dict.fromkeys(groups[:2])]
-    return sorted(out, key=lambda e: e["step"])
+    out.sort(key=lambda e: e["step"])
+    if scratch.optimizer_steps or scratch.losses:  # what the steps added up to, applied last
+        out.append({"step": scratch.last_step or 0, "history": scratch.history()})
+    return out
 
 
 # --- small helpers --------------------------------------------------------------------------

@@ -35,8 +35,10 @@ class FoundModels:
         after its first call stops ours): that one is listed, as when the user's came first."""
         for name, insp in list(self.by_name.items()):
             latest, seen = insp, {id(insp)}
-            while latest.replaced_by is not None and id(latest.replaced_by) not in seen:
-                latest = latest.replaced_by
+            # a rank's records read back (`Recorded`) are never replaced
+            while (after := getattr(latest, "replaced_by", None)) is not None \
+                    and id(after) not in seen:
+                latest = after
                 seen.add(id(latest))
             if latest is not insp:
                 self.by_name[name] = latest

@@ -23,6 +23,7 @@ from ...borrow import Borrowed, uninterrupted
 from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics, user_stacklevel
 from ..targets import Target
+from . import losses
 from .calls import CallTracker
 from .copies import Uncopied
 from .eagerly import compiled_later, eager, run_compiled_modules_eagerly
@@ -107,6 +108,7 @@ class Attachment:
                 uncopied.attribute(model, name)
         owner.on_restore(self.remove_hook, "module forward hooks")
         owner.on_restore(recorder.remove_tensor_hooks, "gradient hooks on this step's tensors")
+        losses.listen(owner, recorder.ran_this_step, recorder.record_loss)
         if recorder.grads:
             self._attach_param_hooks(owner, model, targets, calls, recorder)
         if params:

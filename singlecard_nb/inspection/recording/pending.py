@@ -25,6 +25,9 @@ class Pending:
         self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
         self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
         self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
+        self.losses: list[torch.Tensor] = []  # what loss.backward() was called on (0-d, device)
+        self.loss_ops: list[str] = []  # the first loss's last autograd operations
+        self.loss_shared = 1  # how many inspected models took the first loss
 
     def to_host(self, failed: Callable[[BaseException, str], None], *,
                 memory: bool) -> tuple | None:
@@ -48,7 +51,7 @@ class Pending:
 
     def _extras(self, failed: Callable[[BaseException, str], None], step: int) -> dict | None:
         """What the step holds beside its rows, by name (channels cross to the host here)."""
-        if not self.channels and not self.optimizer:
+        if not self.channels and not self.optimizer and not self.losses:
             return None
         extras: dict = {"step": step}
         try:
@@ -58,4 +61,11 @@ class Pending:
             failed(e, f"input channels of step {step}")
         if self.optimizer:
             extras["optimizer"] = [g for groups in self.optimizer.values() for g in groups]
+        try:
+            if self.losses:  # one transfer for the step's losses
+                values = torch.stack([v.float() for v in self.losses]).cpu().tolist()
+                extras["loss"] = {"values": values, "ops": self.loss_ops,
+                                  "shared": self.loss_shared}
+        except Exception as e:
+            failed(e, f"the loss of step {step}")
         return extras

@@ -65,6 +65,7 @@ class Recorder:
         self.exact_std, self.hist_bins = exact_std, hist_bins
         self.step = -1  # the step the pending rows belong to; the call tracker advances it
         self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
+        self.step_thread: int | None = None
         self.pending = Pending(exact_std, store.max_rows)
         self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
         self.trained = False  # called in training mode with gradients on: a model that learns
@@ -93,9 +94,50 @@ class Recorder:
         self.remove_tensor_hooks()
         self.step += 1
         self.calls.clear()
+        self.step_thread = threading.get_ident()  # where this step's forward runs
         if self.memory is not None:
             self.memory.begin_step(self.step)
         return self.step
+
+    # --- the loss ---------------------------------------------------------------------------
+    def ran_this_step(self) -> bool:
+        """Whether the model ran a forward of the current step in this thread (a backward here
+        is then of its loss, or of a loss it shares)."""
+        return (self._active() and self.step >= 0 and bool(self.calls)
+                and self.step_thread == threading.get_ident())
+
+    def record_loss(self, loss: torch.Tensor, sharers: int) -> None:
+        """A loss that `loss.backward()` was called on, kept on the device until the step
+        crosses to the host; with trap=True, a non-finite loss is the trap."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        try:
+            from .losses import last_operations
+
+            value = loss.detach().reshape(())
+            with self._lock:
+                first = not self.pending.losses
+                self.pending.losses.append(value)
+                if first:
+                    self.pending.loss_ops = last_operations(loss)
+                    self.pending.loss_shared = sharers
+        except Exception as e:
+            self._failed(e, "the loss")
+            return
+        if self.trap and value.is_floating_point() and not bool(torch.isfinite(value)):
+            nan = int(torch.isnan(value))
+            self.flush()
+            raise NonFiniteError("", "loss", "loss", "", self.step, 0, nan, 1 - nan, None,
+                                 dtype=dtype_name(value.dtype), shape=tuple(loss.shape),
+                                 prior=self._prior(), cause=" ← ".join(last_operations(loss)))
+
+    def _prior(self) -> str | None:
+        if self.prior_cause is None:
+            return None
+        try:  # words beside the trap: they never replace it
+            return self.prior_cause(self.step)
+        except Exception as e:  # noqa: BLE001 - said as a failed diagnostic
+            self._failed(e, "the trap's cause")
+            return None
 
     # --- module calls -----------------------------------------------------------------------
     def record_call(self, target: Target, module: nn.Module, args, kwargs, output) -> None:

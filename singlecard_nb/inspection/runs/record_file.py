@@ -9,11 +9,18 @@ from typing import Any
 FORMAT = 1  # the extras' tables are optional: a reader that ignores them still reads the rows
 ROWS_TABLE, COLUMNS_TABLE, META_TABLE = "records", "record_columns", "record_meta"
 CHANNELS_TABLE, GROUPS_TABLE = "record_channels", "record_param_groups"
+LOSSES_TABLE = "record_losses"
 # name -> SQLite type, in the order written: the extras' tables hold nothing else
 CHANNELS_COLUMNS = {"step": "INTEGER", "input": "TEXT", "shape": "TEXT", "channel": "INTEGER",
                     "mean": "REAL", "std": "REAL", "absmax": "REAL"}
 GROUPS_COLUMNS = {"step": "INTEGER", "optimizer": "TEXT", "param_group": "INTEGER",
-                  "lr": "REAL", "weight_decay": "REAL", "params": "TEXT"}
+                  "lr": "REAL", "weight_decay": "REAL", "params": "TEXT",
+                  "frozen": "TEXT", "eval": "INTEGER", "scaled": "INTEGER", "carried": "INTEGER"}
+# columns added after the first files with the table: read where present, else left unknown
+# (the rules that need them say nothing of such a file)
+LATER_GROUPS_COLUMNS = frozenset({"frozen", "eval", "scaled", "carried"})
+# what loss.backward() was called on: a row per loss, with its last autograd operations
+LOSSES_COLUMNS = {"step": "INTEGER", "value": "REAL", "ops": "TEXT", "shared": "INTEGER"}
 # The rows' columns every insp.save() writes (the Inspector's frame, recording/store.COLUMNS:
 # tests/test_records_adversarial.py ties them), each with the kinds save gives it and whether a
 # value may be missing (NULL: a statistic not taken, NaN). `training` came in after the first

@@ -20,6 +20,9 @@ from .record_file import (
     FORMAT,
     GROUPS_COLUMNS,
     GROUPS_TABLE,
+    LATER_GROUPS_COLUMNS,
+    LOSSES_COLUMNS,
+    LOSSES_TABLE,
     META_TABLE,
     NUMBER,
     OPTIONAL_COLUMNS,
@@ -130,12 +133,15 @@ def _read_extras(db: sqlite3.Connection, schema: dict, where: str) -> list[dict]
     written before them), every value checked for the type `save` gives it."""
     by_step: dict[int, dict] = {}
     for table, columns, add in ((CHANNELS_TABLE, CHANNELS_COLUMNS, _add_channel),
-                                (GROUPS_TABLE, GROUPS_COLUMNS, _add_group)):
+                                (GROUPS_TABLE, GROUPS_COLUMNS, _add_group),
+                                (LOSSES_TABLE, LOSSES_COLUMNS, _add_loss)):
         if table not in schema:
             continue
         if not str(schema[table] or "").lstrip().upper().startswith("CREATE TABLE"):
             raise _NotRecords(f"{where}: {table} is not a plain table: not a file written by "
                               "insp.save()")
+        present = {row[1] for row in db.execute(f"PRAGMA table_xinfo({table})")}
+        columns = [c for c in columns if c in present or c not in LATER_GROUPS_COLUMNS]
         _ordinary_columns(db, table, tuple(columns), where)
         names = ", ".join(columns)
         for values in db.execute(f"SELECT {names} FROM {table} ORDER BY rowid"):
@@ -193,10 +199,29 @@ def _add_group(extras: dict, row: dict) -> None:
     if type(group) is not int or group < 0:
         raise ValueError(f"param_group {_short(group)} is no group number")
     lr, decay = _float(row["lr"], "lr"), _float(row["weight_decay"], "weight_decay")
-    extras.setdefault("optimizer", []).append({
+    found = {
         "optimizer": _text(row["optimizer"], "optimizer"), "group": group,
         "lr": None if lr != lr else lr, "weight_decay": None if decay != decay else decay,
-        "params": _json_list(row["params"], "params", str, longest=None)})
+        "params": _json_list(row["params"], "params", str, longest=None)}
+    if row.get("frozen") is not None:  # a file with the later columns
+        found["frozen"] = _json_list(row["frozen"], "frozen", str, longest=None)
+    for key in ("eval", "scaled", "carried"):
+        if row.get(key) is not None:
+            found[key] = _count(row[key], key)
+    extras.setdefault("optimizer", []).append(found)
+
+
+def _count(value: Any, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{what} {_short(value)} is no count")
+    return value
+
+
+def _add_loss(extras: dict, row: dict) -> None:
+    loss = extras.setdefault("loss", {"values": [], "ops": [], "shared": 1})
+    loss["values"].append(_float(row["value"], "value"))
+    loss["ops"] = _json_list(row["ops"], "ops", str)
+    loss["shared"] = max(loss["shared"], _count(row["shared"], "shared"))
 
 
 def _ordinary_columns(db: sqlite3.Connection, table: str, names: tuple, where: str) -> None:

@@ -42,6 +42,8 @@ from .record_file import (
     FORMAT,
     GROUPS_COLUMNS,
     GROUPS_TABLE,
+    LOSSES_COLUMNS,
+    LOSSES_TABLE,
     META_TABLE,
     ROWS_TABLE,
     SQL_TYPES,
@@ -193,7 +195,7 @@ def save(frame, path: str | os.PathLike, meta: dict[str, Any] | None = None,
 
 def _write_extras(db: sqlite3.Connection, extras: Iterable[dict]) -> None:
     """The extras' two tables, by named columns (see the module docstring)."""
-    channels, groups = [], []
+    channels, groups, losses = [], [], []
     for item in extras:
         step = int(item.get("step", 0))
         for index, found in (item.get("channels") or {}).items():
@@ -201,14 +203,26 @@ def _write_extras(db: sqlite3.Connection, extras: Iterable[dict]) -> None:
             channels += [(step, str(index), shape, c, *map(_real, values[:3]))
                          for c, values in enumerate(found.get("values") or ())]
         for group in item.get("optimizer") or ():
+            frozen = group.get("frozen")
             groups.append((step, str(group.get("optimizer", "")), int(group.get("group", 0)),
                            _real(group.get("lr")), _real(group.get("weight_decay")),
-                           json.dumps([str(p) for p in group.get("params", ())])))
+                           json.dumps([str(p) for p in group.get("params", ())]),
+                           None if frozen is None else json.dumps([str(p) for p in frozen]),
+                           *(_whole(group.get(k)) for k in ("eval", "scaled", "carried"))))
+        loss = item.get("loss") or {}
+        ops = json.dumps([str(op) for op in loss.get("ops", ())])
+        losses += [(step, _real(v), ops, int(loss.get("shared", 1)))
+                   for v in loss.get("values", ())]
     for table, columns, rows in ((CHANNELS_TABLE, CHANNELS_COLUMNS, channels),
-                                 (GROUPS_TABLE, GROUPS_COLUMNS, groups)):
+                                 (GROUPS_TABLE, GROUPS_COLUMNS, groups),
+                                 (LOSSES_TABLE, LOSSES_COLUMNS, losses)):
         db.execute(f"CREATE TABLE {table} "
                    f"({', '.join(f'{n} {t}' for n, t in columns.items())})")
         db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(columns))})", rows)
+
+
+def _whole(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _real(value: Any) -> float | None:

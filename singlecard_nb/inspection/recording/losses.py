@@ -1,0 +1,74 @@
+"""Every `loss.backward()` of the process, heard by the inspectors whose model ran the step:
+the loss itself, which no module outputs (a criterion called in the loop, `-(y * p.log())`).
+
+One shared patch of `torch.Tensor.backward` (what `loss.backward()`, Lightning, accelerate and
+HF Trainer call) comes with the first listener and goes with the last. A backward on a scalar
+is offered to each listener; those whose model ran a forward of its current step in this
+thread take it, each told how many took it (a GAN's generator loss reaches both models: a loss
+two models share says nothing of either alone). What is taken stays on the device (a detached
+0-d tensor) and crosses with the step's other extras; the names of its last autograd operations
+are read once per step from `grad_fn` (host objects, no device read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...borrow import Borrowed, Listeners, wrap_like
+from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
+from .eagerly import eager
+
+OPS = 12  # autograd operations named from the loss back: `neg ← sum ← mul ← log`
+
+
+def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
+    """The names of the loss's last autograd operations, from the loss back along each node's
+    first input ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...)."""
+    names, node = [], loss.grad_fn
+    while node is not None and len(names) < most:
+        names.append(type(node).__name__.removesuffix("Backward0").removesuffix("Backward1"))
+        node = next((n for n, _ in node.next_functions if n is not None), None)
+    return names
+
+
+class _Backwards(Listeners):
+    """Listeners are `(claims, take)`: `claims()` says whether this inspector's model ran the
+    current step in this thread; `take(loss, sharers)` records it."""
+
+    name = "inspect: loss.backward()"
+
+    def install(self, owner: Borrowed) -> None:
+        original = torch.Tensor.backward
+
+        def backward(self_, *args, **kwargs):
+            __tracebackhide__ = TRAP_FRAME  # the trap of a non-finite loss passes through
+            if self.listeners and self_.numel() == 1 and self_.requires_grad:
+                try:
+                    offer(self_)
+                except NonFiniteError as trapped:
+                    without_our_frames(trapped)
+                    raise
+            return original(self_, *args, **kwargs)
+
+        def offer(loss: torch.Tensor) -> None:
+            __tracebackhide__ = TRAP_FRAME
+            listeners = self.listeners  # a tuple: replaced, never changed, while we loop
+            takers = [take for claims, take in listeners if claims()]
+            for take in takers:
+                take(loss, len(takers))
+
+        owner.set_attr(torch.Tensor, "backward", eager(wrap_like(original, backward)),
+                       "torch.Tensor.backward (the loss of each step)")
+
+
+backwards = _Backwards()  # the process's one
+
+
+def listen(owner: Borrowed, claims: Callable[[], bool],
+           take: Callable[[torch.Tensor, int], None]) -> None:
+    """`take(loss, sharers)` for each backward of a scalar while `owner` holds its changes."""
+    listener = (claims, take)
+    backwards.add(listener)
+    owner.on_restore(lambda: backwards.discard(listener), "loss.backward() listener")
