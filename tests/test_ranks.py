@@ -299,12 +299,21 @@ def test_the_side_by_side_view_meets_parameters_at_their_optimiser_step():
 
 
 @pytest.mark.slow
-def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
+def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched, capsys):
     # two ranks show it as well as three (the notebook shows three), at two thirds of the cost
+    import singlecard_nb as scn
+
     ip.run_cell("%singlecard cpu --ranks 2 --hang-after 3")
+    ip.run_cell("%inspect all")
     started = time.monotonic()
     result = ip.run_cell(f"%run {JOBS / 'ranks_hang.py'}")
     assert isinstance(result.error_in_exec, RanksHang)
+    # stuck in gloo, no rank's main thread ran its SIGTERM handler: each saved its records
+    # from its status thread, and ended well before the SIGKILL
+    assert list(scn.inspectors()) == ["Linear[rank 0]", "Linear[rank 1]"]
+    err = capsys.readouterr().err
+    assert "singlecard_nb: stopping ranks 0, 1: SIGTERM, then SIGKILL" in err
+    assert "SIGKILL." not in err  # none was needed
     message = str(result.error_in_exec)
     line = _line("ranks_hang.py", "HANG_LINE")
     assert f"rank 0: waits in all_reduce at ranks_hang.py:{line}" in message, message
@@ -338,9 +347,12 @@ def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys
 
 
 def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_path):
+    # stopped as torchrun stops its workers: SIGTERM first, so each rank's `finally` runs
     script = tmp_path / "sleeper.py"
-    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    script.write_text("import time\ntry:\n    print('started', flush=True)\n"
+                      "    time.sleep(600)\nfinally:\n    print('cleaned up', flush=True)\n")
     ranks = launch.plan(2, "cpu", str(tmp_path), [str(script)])
+    said, lines = [], []
 
     class Impatient(RankJob):
         def stop(self):
@@ -348,12 +360,54 @@ def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_pat
             super().stop()
 
     def echo(rank, line, stream):
-        if line == "started":
+        lines.append((rank, line))
+        if line == "started" and sum(text == "started" for _, text in lines) == 2:
             raise KeyboardInterrupt  # what Ctrl-C raises in the notebook's main thread
 
     with pytest.raises(KeyboardInterrupt):
-        Impatient(ranks, str(tmp_path), echo=echo).run()
+        Impatient(ranks, str(tmp_path), echo=echo, say=said.append).run()
+    assert said[0] == ("singlecard_nb: stopping ranks 0, 1: SIGTERM, then SIGKILL for any "
+                       "still running in 10 s."), said
+    assert len(said) == 1  # both ended at SIGTERM: no SIGKILL was needed
+    assert sorted(rank for rank, line in lines if line == "cleaned up") == [0, 1], lines
     _nothing_left([ranks])
+
+
+def test_a_killed_notebook_leaves_no_rank_running(tmp_path):
+    # a kernel restart, an out-of-memory kill: the process that started the ranks is SIGKILLed
+    import subprocess
+    import sys
+
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint('started', os.getpid(), flush=True)\n"
+                      "time.sleep(600)\n")
+    notebook = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from singlecard_nb.ranks import launch, run; "
+         f"run.RankJob(launch.plan(2, 'cpu', {str(tmp_path)!r}, [{str(script)!r}]), "
+         f"{str(tmp_path)!r}).run()"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        while len(pids) < 2:
+            line = notebook.stdout.readline()
+            assert line, "the notebook ended before its ranks started"
+            pids += [int(p) for p in re.findall(r"started (\d+)", line)]
+    finally:
+        notebook.kill()
+        notebook.wait()
+    deadline = time.monotonic() + 5
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), "a rank outlived the notebook that started it"
+    assert _rank_processes(str(tmp_path)) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _torchrun(ranks: int, *command: str) -> list[str]:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .lifeline import TERMINATED, Lifeline
+
 INTERVAL = 0.5  # seconds between samples
 _TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
 _BUSY_CPU = 0.1  # CPU seconds per second of wall time that count as working (10% of a core)
@@ -101,12 +103,25 @@ class Agent:
         self._periodic: list[Callable[[], dict[str, Any] | None]] = []
         self._lock = threading.Lock()
         self.stopping = False
+        self.lifeline = Lifeline(folder)
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
         self._periodic.append(fn)
 
+    def at_exit(self, work: Callable[[], Any]) -> None:
+        """The rank's last work (its records saved): done once, at the script's end by the
+        main thread (`exit_work()`), or by the agent's thread when SIGTERM finds the main thread
+        stuck in native code (lifeline.py)."""
+        self.lifeline.at_exit(work)
+
+    def exit_work(self) -> Any:
+        return self.lifeline.exit_work()
+
     def start(self) -> Agent:
+        """In the main thread, before the script: SIGTERM ends the script, the rank dies with
+        the notebook, and the status thread starts."""
+        self.lifeline.hold()
         self._write(self._sample())
         self._thread = threading.Thread(target=self._loop, name="singlecard_nb rank agent",
                                         daemon=True)
@@ -140,6 +155,7 @@ class Agent:
         return "\n".join(line[:300] for line in lines)
 
     def stop(self, status: int) -> None:
+        self.lifeline.exiting.set()  # from here a SIGTERM waits for the exit under way
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * INTERVAL)
@@ -151,6 +167,16 @@ class Agent:
     def _loop(self) -> None:
         while not self._stop.wait(INTERVAL):
             self._beat()
+            why = self.lifeline.why_end()
+            if why is not None and not self._stop.is_set():
+                self.lifeline.end_if_stuck(why, self._last_words)
+
+    def _last_words(self, why: str) -> None:
+        """The status of a rank whose main thread never came back to end it (stuck in a
+        collective): it ends here, with SIGTERM's exit status."""
+        self._extra.update({"exit": TERMINATED, "ended": why})
+        self.stopping = True
+        self._beat()
 
     def _beat(self) -> None:
         for fn in self._periodic:

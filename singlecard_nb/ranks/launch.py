@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import lifeline
+
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # holds singlecard_nb/
 # What a launcher sets per rank; a value the notebook has (single-card mode's RANK=0) is replaced
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -39,13 +41,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def plan(ranks: int, target: str, folder: str, program: Sequence[str],
          inspect_options: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-         port: int | None = None, python: str = sys.executable) -> list[Rank]:
+         port: int | None = None, python: str = sys.executable,
+         parent: int | None = None) -> list[Rank]:
     """The N ranks' commands.
 
     target: the device every rank pins ("cpu", a GPU or MIG UUID).
     program: what follows `python` for the script: ("train.py", *args) or ("-m", "pkg", *args).
     inspect_options: `python -m singlecard_nb` options (`--params`, `--save PATH`, ...).
     environ: the notebook's environment (default os.environ); port: MASTER_PORT (default free).
+    parent: the pid each rank dies with (default this process's: the one that starts them).
     """
     if ranks < 2:
         raise ValueError(f"a job of ranks needs at least 2, got {ranks}")
@@ -56,6 +60,7 @@ def plan(ranks: int, target: str, folder: str, program: Sequence[str],
         p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)
     base.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does for more than one process
     base["PYTHONUNBUFFERED"] = "1"  # output reaches the cell line by line, as it comes
+    base[lifeline.PARENT] = str(os.getpid() if parent is None else parent)
     shared = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
               "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ranks),
               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),

@@ -9,8 +9,12 @@ and the ranks' statuses (agent.py), and decides:
   waited);
 - no rank moved for `hang_after` seconds: stop every rank, raise `RanksHang`;
 - Ctrl-C (KeyboardInterrupt in the calling thread): stop every rank, re-raise.
-Stopping is in `finally`, with Ctrl-C held back until it is done: SIGKILL to each rank's
-process group, then wait for it, so no child, socket or port outlives the run.
+Stopping is torchrun's, in `finally`, with Ctrl-C held back until it is done (every wait has
+a deadline): a stop file and SIGTERM to each rank's process group (the rank's `finally` and
+atexit run, and it saves its own records: lifeline.py), one wait of `lifeline.GRACE` seconds
+shared by all ranks, then SIGKILL to any still running, each step said; so no child, socket or
+port outlives the run. A failure is reported once the others are stopped, their output drained.
+Each rank also dies with the notebook (its parent-death signal), should the notebook be killed.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from ..borrow import uninterrupted
-from . import agent, doctor
+from . import agent, doctor, lifeline
 from .launch import Rank
 
 POLL = 0.1  # seconds between looks at exits and statuses
+_DRAIN = 1.0  # seconds the output of stopped ranks has to arrive (their pipes close at exit)
 
 
 class RankJob:
@@ -43,7 +49,8 @@ class RankJob:
     def __init__(self, ranks: Sequence[Rank], folder: str, hang_after: float = 60.0,
                  echo: Callable[[int, str, str], None] | None = None,
                  on_status: Callable[[dict[int, Any]], None] | None = None,
-                 cwd: str | None = None, status_every: float = agent.INTERVAL):
+                 cwd: str | None = None, status_every: float = agent.INTERVAL,
+                 say: Callable[[str], None] | None = None, grace: float = lifeline.GRACE):
         self.ranks = list(ranks)
         self.folder = folder
         self.hang_after = hang_after
@@ -51,6 +58,8 @@ class RankJob:
         self.on_status = on_status
         self.cwd = cwd
         self.status_every = status_every
+        self.say = say or _say
+        self.grace = grace
         self.processes: dict[int, subprocess.Popen] = {}
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
@@ -67,6 +76,7 @@ class RankJob:
             # every rank is killed and reaped; it would otherwise leave ranks running.
             with uninterrupted():
                 self.stop()
+                self._drain()  # what they said as they stopped (their `finally`'s words)
 
     # --- starting ---------------------------------------------------------------------------
     def _start(self, spec: Rank) -> None:
@@ -112,6 +122,7 @@ class RankJob:
             failed = doctor.first_failed(statuses, {r: c for r, c in codes.items()
                                                     if c not in (None, 0)})
             if failed is not None and codes[failed] is not None:
+                self.stop()
                 self._drain()
                 raise doctor.RankFailed(doctor.failure_report(failed, statuses, codes))
             if all(c is not None for c in codes.values()):
@@ -138,9 +149,12 @@ class RankJob:
                 return printed
 
     def _drain(self) -> None:
-        """The output the ranks wrote before they exited (their pipes close at exit)."""
+        """The output the ranks wrote before they exited (their pipes close at exit), within
+        `_DRAIN` seconds shared by all (a grandchild that left the rank's session may hold a
+        pipe open)."""
+        deadline = time.monotonic() + _DRAIN
         for reader in self._readers:
-            reader.join(timeout=2.0)
+            reader.join(timeout=max(deadline - time.monotonic(), 0.0))
         while True:
             try:
                 self.echo(*self._lines.get_nowait())
@@ -149,24 +163,60 @@ class RankJob:
 
     # --- stopping ---------------------------------------------------------------------------
     def stop(self) -> None:
-        """Every rank and what it started killed and waited for; idempotent."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for process in self.processes.values():
-            process.wait()
+        """torchrun's stop: SIGTERM to every running rank's process group, one bounded wait
+        shared by all, then SIGKILL; what each rank started gone with its session; each step
+        said. Idempotent (a second call finds nothing running and says nothing)."""
+        running = {r: p for r, p in self.processes.items() if p.poll() is None}
+        if running:
+            try:  # read by a rank whose main thread is stuck in native code (lifeline.py)
+                (Path(self.folder) / lifeline.STOP_FILE).touch()
+            except OSError:
+                pass
+            self.say(f"singlecard_nb: stopping {_ranks(running)}: SIGTERM, then SIGKILL for "
+                     f"any still running in {self.grace:g} s.")
+            for process in running.values():
+                _signal_group(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace
+            for process in running.values():
+                _wait(process, deadline - time.monotonic())
+            left = {r: p for r, p in running.items() if p.poll() is None}
+            if left:
+                self.say(f"singlecard_nb: {_ranks(left)} still running after {self.grace:g} s:"
+                         " SIGKILL.")
+                for process in left.values():
+                    _signal_group(process.pid, signal.SIGKILL)
+        for rank, process in self.processes.items():
+            if not _wait(process, _KILLED):
+                self.say(f"singlecard_nb: rank {rank} (pid {process.pid}) did not end "
+                         f"{_KILLED:g} s after SIGKILL (stuck in the kernel?).")
             # The session may hold more (DataLoader workers): gone with the group's kill.
-            _kill_session(process.pid)
+            _signal_group(process.pid, signal.SIGKILL)
 
 
-def _kill_session(leader: int) -> None:
+_KILLED = 5.0  # seconds a SIGKILLed process has to be reaped
+
+
+def _wait(process: subprocess.Popen, seconds: float) -> bool:
     try:
-        os.killpg(leader, signal.SIGKILL)
+        process.wait(timeout=max(seconds, 0.0))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _signal_group(leader: int, signum: int) -> None:
+    try:
+        os.killpg(leader, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _ranks(processes: dict[int, Any]) -> str:
+    return ("rank " if len(processes) == 1 else "ranks ") + ", ".join(map(str, processes))
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def _print(rank: int, line: str, stream: str) -> None:
