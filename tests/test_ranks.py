@@ -568,6 +568,89 @@ def test_a_rank_killed_without_a_word_is_the_first_failure_not_the_ranks_left_wa
     codes = {0: 1, 1: -9}
     assert doctor.first_failed(statuses, codes) == 1
     message = doctor.failure_report(1, statuses, codes)
-    assert message.startswith("rank 1 failed: exit status -9; the other ranks were stopped.")
+    assert message.startswith("rank 1 failed: killed by SIGKILL; the other ranks were stopped.")
     assert "Rank 1 ended without a Python traceback" in message
     assert "rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in message
+
+
+# --- the right rank, the right line -------------------------------------------------------------
+def _stopped_job(tmp_path, mode: str, hang_after: float = 60.0) -> str:
+    """ranks_raise.py in `mode` as 2 ranks; the message of what the job raised."""
+    ranks = launch.plan(2, "cpu", str(tmp_path), [str(SCRIPTS / "ranks_raise.py"), mode])
+    with pytest.raises((RankFailed, RanksHang)) as caught:
+        RankJob(ranks, str(tmp_path), hang_after, echo=lambda *line: None,
+                say=lambda text: None).run()
+    _nothing_left([ranks])
+    return str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_rank_that_leaves_by_exit_0_while_the_other_waits_is_the_one_named(tmp_path):
+    message = _stopped_job(tmp_path, "exit0")
+    leave, wait = _line("ranks_raise.py", "EXIT_LINE"), _line("ranks_raise.py", "WAIT_LINE")
+    assert message.startswith(f"rank 1 exited with status 0 at ranks_raise.py:{leave} while "
+                              "the others waited; the other ranks were stopped."), message
+    assert f"  rank 0: stopped (waiting in all_reduce at ranks_raise.py:{wait} when rank 1 " \
+           "left)" in message.splitlines(), message
+    assert "The cause, rank 0" not in message and "never arrived" not in message
+
+
+@pytest.mark.slow
+def test_sizes_gloo_finds_mismatched_name_both_calls_with_rank_and_line(tmp_path):
+    # rank 0 logs a metric with an all_reduce of its own; gloo aborts on the sizes
+    message = _stopped_job(tmp_path, "extra")
+    step, extra = _line("ranks_raise.py", "STEP_LINE"), _line("ranks_raise.py", "EXTRA_LINE")
+    assert "died in native code (Aborted) in all_reduce" in message, message
+    assert "Received data size doesn't match expected size" in message
+    assert (f"rank 0 in all_reduce at ranks_raise.py:{extra}; rank 1 in all_reduce at "
+            f"ranks_raise.py:{step}: one rank ran more steps or an extra collective.") in message
+    assert "killed, out of memory" not in message and "init_process_group" not in message
+
+
+@pytest.mark.slow
+def test_an_extra_collective_gloo_waits_in_for_ever_is_named_by_the_call_that_parted(tmp_path):
+    message = _stopped_job(tmp_path, "extra-hang", hang_after=1.0)
+    step, extra = _line("ranks_raise.py", "STEP_LINE"), _line("ranks_raise.py", "EXTRA_LINE")
+    assert (f"The ranks' collectives part at call #2: rank 0 made all_reduce at "
+            f"ranks_raise.py:{extra}, shape [1], rank 1 all_reduce at ranks_raise.py:{step}, "
+            "shape [4]: one rank ran more steps or an extra collective.") in message, message
+    assert "same collective at the same line" not in message
+
+
+def test_an_exit_status_is_said_as_what_it_is():
+    from singlecard_nb.ranks import doctor
+
+    left = {"status": 3, "at": 10.0, "where": "/j/train.py:40", "function": "<module>",
+            "collective": None}
+    statuses = {0: _status(0, "/j/train.py:17", "all_reduce", 10.1),
+                1: {**_status(1, "/j/train.py:40", None, 10.0), "left": left}}
+    codes = {0: None, 1: 3}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert message.startswith("rank 1 exited with status 3 at train.py:40; the other ranks "
+                              "were stopped."), message
+    assert "native code" not in message and "without a Python traceback" not in message
+
+
+def test_no_rank_in_any_collective_is_said_as_such():
+    from singlecard_nb.ranks import doctor
+
+    statuses = {r: _status(r, "/j/loader.py:25", None, 10.0) for r in range(2)}
+    message = doctor.hang_report(statuses, {0: None, 1: None}, 60)
+    assert "No rank is in a collective: each waits in its own code" in message, message
+    assert "same collective" not in message and "never arrived" not in message
+
+
+def test_a_rank_with_its_own_error_outside_any_collective_is_not_stopped_by_the_other():
+    from singlecard_nb.ranks import doctor
+
+    own = {"error": "KeyError: 'labels'", "at": 10.4, "where": "/j/train.py:30",
+           "function": "<module>", "collective": None, "traceback": "..."}
+    statuses = {0: _status(0, "/j/train.py:30", None, 10.4, own),
+                1: _status(1, "/j/train.py:15", None, 10.0, _FIRST)}
+    codes = {0: 1, 1: 1}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert "  rank 0: failed: KeyError: 'labels' at train.py:30 (its own, not from rank 1 " \
+           "going away)" in message.splitlines(), message
+    assert "rank 0: stopped" not in message

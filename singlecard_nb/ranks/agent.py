@@ -3,14 +3,19 @@
 A daemon thread samples the main thread's stack every `INTERVAL` seconds (gloo and DDP release
 the GIL while they wait, so the thread runs while the rank is stuck in a collective) and writes
 `rank<k>.json` in the run's folder: the user's own `file:line`, the collective it is in (if
-any), a progress count that moves when the stack or the CPU time moves, what was recorded, and
-the exception if the script raised. Standard library only: it runs before the script.
+any), a progress count that moves when the stack or the CPU time moves, what was recorded, the
+script's last torch.distributed calls (collectives.py), the exception if the script raised, and
+how it left (an exit status and the line of the `sys.exit`). A rank killed in native code (gloo
+aborting on a collective mismatch, a segfault) leaves faulthandler's dump of its stacks in
+`rank<k>.fault`, which `read()` turns into where it was when it died. It runs before the script.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -20,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..borrow import Borrowed
+from .collectives import CollectiveLog
 from .lifeline import TERMINATED, Lifeline
 
 INTERVAL = 0.5  # seconds between samples
@@ -104,6 +111,9 @@ class Agent:
         self._lock = threading.Lock()
         self.stopping = False
         self.lifeline = Lifeline(folder)
+        self.collectives = CollectiveLog(lambda name: is_user_file(name, self._roots))
+        self._owner = Borrowed("the ranks' agent: torch.distributed calls counted")
+        self._fault: Any = None
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
@@ -122,6 +132,10 @@ class Agent:
         """In the main thread, before the script: SIGTERM ends the script, the rank dies with
         the notebook, and the status thread starts."""
         self.lifeline.hold()
+        # a death in native code (gloo's abort, a segfault) still says where the rank was
+        self._fault = open(self.path.with_suffix(".fault"), "w")  # noqa: SIM115 (kept open)
+        faulthandler.enable(file=self._fault, all_threads=True)
+        self.collectives.install(self._owner)
         self._write(self._sample())
         self._thread = threading.Thread(target=self._loop, name="singlecard_nb rank agent",
                                         daemon=True)
@@ -131,14 +145,19 @@ class Agent:
     def raised(self, error: BaseException) -> None:
         """The script raised: said before its traceback is printed, so the first rank to fail
         is known even when the others fail a moment later (their peer went away)."""
-        tb, inner = error.__traceback__, []
-        while tb is not None:  # each frame at the line it raised from, innermost first
-            inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno,
-                             tb.tb_frame.f_code.co_name))
-            tb = tb.tb_next
         self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
-                                 "at": time.time(), **locate(inner, self._roots),
+                                 "at": time.time(),
+                                 **locate(_raised_frames(error), self._roots),
                                  "traceback": self._traceback(error)}
+        self._write(self._sample())
+
+    def left(self, status: int, exit: BaseException | None = None) -> None:
+        """The script ended: with `sys.exit(status)` (where it was called) or by running to
+        its end (status 0); said at once, so that the first rank to leave is known."""
+        place: dict[str, Any] = {"where": None, "function": None, "collective": None}
+        if exit is not None:
+            place = locate(_raised_frames(exit), self._roots)
+        self._extra["left"] = {"status": status, "at": time.time(), **place}
         self._write(self._sample())
 
     def _traceback(self, error: BaseException) -> str:
@@ -162,6 +181,8 @@ class Agent:
         self._extra["exit"] = status
         self.stopping = True  # the last beat: a periodic fn says its last word now
         self._beat()
+        self._owner.restore()
+        faulthandler.disable()
 
     # --- the thread -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -198,7 +219,8 @@ class Agent:
             self._progress += 1
         self._last = (signature, cpu)
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
-                "time": time.time(), **locate(frames, self._roots), **self._extra}
+                "time": time.time(), **locate(frames, self._roots),
+                "collectives": self.collectives.snapshot(), **self._extra}
 
     def _write(self, status: dict[str, Any]) -> None:
         with self._lock:
@@ -207,9 +229,42 @@ class Agent:
             os.replace(temporary, self.path)  # the notebook never reads half a file
 
 
+def _raised_frames(error: BaseException) -> list[Frame]:
+    """Each frame of an exception's traceback at the line it raised from, innermost first."""
+    tb, inner = error.__traceback__, []
+    while tb is not None:
+        inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return inner
+
+
 def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:
-    """Rank `rank`'s latest status (None before its first)."""
+    """Rank `rank`'s latest status (None before its first); with "fault" where the rank died
+    in native code (faulthandler's dump: the error, where its main thread was)."""
     try:
-        return json.loads((Path(folder) / f"rank{rank}.json").read_text())
+        status = json.loads((Path(folder) / f"rank{rank}.json").read_text())
     except (OSError, ValueError):
         return None
+    try:
+        dump = (Path(folder) / f"rank{rank}.fault").read_text(errors="replace")
+    except OSError:
+        dump = ""
+    if dump.strip():
+        status["fault"] = fault(dump)
+    return status
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$', re.MULTILINE)
+
+
+def fault(dump: str) -> dict[str, Any]:
+    """faulthandler's dump as {"error": "Aborted", "where", "function", "collective"} of the main
+    thread (the one `python -m singlecard_nb` started in: runpy at its bottom)."""
+    first = dump.strip().splitlines()[0]
+    error = first.split(":", 1)[1].strip() if first.startswith("Fatal Python error:") else first
+    blocks = [_FRAME.findall(block) for block in _THREAD.split(dump)[1:]]
+    frames = [[(f, int(line), fn) for f, line, fn in block] for block in blocks]
+    main = next((b for b in frames if any(fn == "_run_module_as_main" for _, _, fn in b)),
+                frames[0] if frames else [])
+    return {"error": error[:200], **locate(main, _library_roots())}

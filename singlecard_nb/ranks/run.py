@@ -63,6 +63,7 @@ class RankJob:
         self.processes: dict[int, subprocess.Popen] = {}
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
+        self.said: dict[int, str] = {}  # what a rank printed of a collective mismatch
 
     def run(self) -> dict[int, int]:
         """Run to the end; {rank: exit status} (all 0), or raise as the module says."""
@@ -119,12 +120,15 @@ class RankJob:
             if self.on_status is not None and now - told >= self.status_every:
                 told = now
                 self.on_status(statuses)
-            failed = doctor.first_failed(statuses, {r: c for r, c in codes.items()
-                                                    if c not in (None, 0)})
-            if failed is not None and codes[failed] is not None:
+            if any(c not in (None, 0) for c in codes.values()):
+                statuses = self._fresh(statuses)
+                codes = {r: p.poll() for r, p in self.processes.items()}
+                failed = doctor.first_failed(statuses, codes)
                 self.stop()
                 self._drain()
-                raise doctor.RankFailed(doctor.failure_report(failed, statuses, codes))
+                if failed is None:  # no word from any: the first non-zero exit
+                    failed = min(r for r, c in codes.items() if c not in (None, 0))
+                raise doctor.RankFailed(doctor.failure_report(failed, statuses, codes, self.said))
             if all(c is not None for c in codes.values()):
                 self._drain()
                 return codes
@@ -132,6 +136,23 @@ class RankJob:
                 self.stop()
                 self._drain()
                 raise doctor.RanksHang(doctor.hang_report(statuses, codes, self.hang_after))
+
+    def _fresh(self, statuses: dict[int, Any]) -> dict[int, Any]:
+        """Each running rank's status written after this moment (its agent writes one every
+        INTERVAL), so that no status older than the failure is reported as where it is."""
+        since, deadline = time.time(), time.monotonic() + agent.INTERVAL + 2 * POLL
+        while True:
+            stale = [r for r, p in self.processes.items()
+                     if p.poll() is None and (statuses.get(r) or {}).get("time", 0.0) < since]
+            if not stale or time.monotonic() >= deadline:
+                return statuses
+            time.sleep(POLL)
+            statuses = {**statuses, **{r: agent.read(self.folder, r) for r in stale}}
+
+    def _show(self, rank: int, line: str, stream: str) -> None:
+        if rank not in self.said and any(w in line for w in doctor.MISMATCH_WORDS):
+            self.said[rank] = line  # gloo's abort: read by the report
+        self.echo(rank, line, stream)
 
     def _echo_waiting(self) -> set[int]:
         """Echo the lines that came within POLL seconds; the ranks that wrote them."""
@@ -141,7 +162,7 @@ class RankJob:
         except queue.Empty:
             return printed
         while True:
-            self.echo(rank, line, stream)
+            self._show(rank, line, stream)
             printed.add(rank)
             try:
                 rank, line, stream = self._lines.get_nowait()
@@ -157,7 +178,7 @@ class RankJob:
             reader.join(timeout=max(deadline - time.monotonic(), 0.0))
         while True:
             try:
-                self.echo(*self._lines.get_nowait())
+                self._show(*self._lines.get_nowait())
             except queue.Empty:
                 return
 
