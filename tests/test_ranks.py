@@ -118,7 +118,32 @@ def test_bad_ranks_change_nothing(ip):
     assert "--hang-after goes with --ranks N" in str(error)
     error = magic_error(ip, "%singlecard cpu --ranks 2 --hang-after 0")
     assert "expected seconds above 0, got 0" in str(error)
+    # below two of the ranks' status beats every healthy job would be stopped as hung
+    error = magic_error(ip, "%singlecard cpu --ranks 2 --hang-after 0.3")
+    assert "--hang-after: expected at least 1 s" in str(error) and "got 0.3" in str(error)
+    error = magic_error(ip, "%singlecard cpu --ranks 100000")
+    assert "expected a number of processes from 1" in str(error) and "got 100000" in str(error)
     assert scn.current() is None  # nothing pinned by a refused line
+
+
+def test_more_ranks_than_cores_is_said(ip, monkeypatch, capsys):
+    from singlecard_nb.notebook import ranks_run
+
+    monkeypatch.setattr(ranks_run, "_cores", lambda: 2)
+    ip.run_cell("%singlecard cpu --ranks 3")
+    out = capsys.readouterr().out
+    assert "singlecard_nb: 3 ranks on this machine's 2 CPU cores: they take turns" in out, out
+    ip.run_cell("%singlecard cpu --ranks 2")
+    assert "CPU cores" not in capsys.readouterr().out
+
+
+def test_a_script_is_found_under_ranks_as_a_plain_run_finds_it(monkeypatch, tmp_path):
+    from singlecard_nb.notebook import ranks_run
+
+    assert ranks_run._program(f"{SCRIPTS / 'ranks_nccl'} --x")[0] == str(SCRIPTS / "ranks_nccl.py")
+    (tmp_path / "x.py").write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ranks_run._program("~/x.py") == [str(tmp_path / "x.py")]
 
 
 def test_ranks_1_is_a_world_of_one_again(ip, capsys):
@@ -162,7 +187,7 @@ class _Handle:
         self.drawn.append(bundle)
 
 
-DESYNC_STEPS = 150  # long enough for the live view to be drawn several times while it runs
+DESYNC_STEPS = 300  # long enough for the live view to be drawn several times while it runs
 
 
 @pytest.fixture(scope="module")
@@ -654,3 +679,112 @@ def test_a_rank_with_its_own_error_outside_any_collective_is_not_stopped_by_the_
     assert "  rank 0: failed: KeyError: 'labels' at train.py:30 (its own, not from rank 1 " \
            "going away)" in message.splitlines(), message
     assert "rank 0: stopped" not in message
+
+
+# --- the notebook's view of the ranks -----------------------------------------------------------
+@pytest.mark.slow
+def test_the_ranks_import_as_the_notebook_does_and_redraws_show_as_they_come(tmp_path,
+                                                                            monkeypatch):
+    import sys
+
+    monkeypatch.chdir(tmp_path)  # the notebook's folder
+
+    (tmp_path / "mylib.py").write_text("VALUE = 42\n")  # beside the notebook
+    (tmp_path / "jobs").mkdir()
+    script = tmp_path / "jobs" / "train.py"
+    script.write_text(
+        "import sys, sysconfig, time\nfrom mylib import VALUE\n"
+        "stdlib = sys.path.index(sysconfig.get_paths()['stdlib'])\n"
+        "site = min(i for i, p in enumerate(sys.path) if p.endswith('site-packages'))\n"
+        "print('path', VALUE, sys.path[1], stdlib < site, flush=True)\n"
+        "for i in range(2):\n"
+        "    sys.stderr.write(f'\\r{i + 1}/2'); sys.stderr.flush(); time.sleep(0.5)\n"
+        "sys.stderr.write('\\n'); print('done', flush=True)\n")
+    seen = []
+    ranks = launch.plan(2, "cpu", str(tmp_path / "run"), [str(script)],
+                        path=["", *sys.path])  # a kernel's sys.path, its folder as ""
+    (tmp_path / "run").mkdir()
+    RankJob(ranks, str(tmp_path / "run"),
+            echo=lambda rank, line, stream: seen.append((time.monotonic(), rank, line))).run()
+    lines = [(rank, line) for _, rank, line in seen]
+    assert (0, f"path 42 {tmp_path} True") in lines and (1, f"path 42 {tmp_path} True") in lines
+    when = {line: at for at, rank, line in seen if rank == 0}
+    assert when["done"] - when["\r1/2"] > 0.5, seen  # the bar showed as it was drawn
+    assert lines.index((0, "\r1/2")) < lines.index((0, "\r2/2")) < lines.index((0, "\r"))
+
+
+@pytest.mark.slow
+def test_two_models_under_ranks_read_back_as_one_job_each(ip, tmp_path):
+    import singlecard_nb as scn
+    from singlecard_nb.inspection.runs.recorded import Recorded
+
+    script = tmp_path / "two.py"
+    script.write_text("import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+                      "a, b = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 2))\n"
+                      "for _ in range(2):\n    b(a(torch.randn(3, 4))).sum().backward()\n")
+    ip.run_cell("%singlecard cpu --ranks 2")
+    ip.run_cell("scn_finder = __import__('singlecard_nb').inspect_all(params=True)")  # Python form
+    result = ip.run_cell(f"%run {script}")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert list(scn.inspectors()) == ["Sequential[rank 0]", "Sequential[rank 1]",
+                                      "Sequential#2[rank 0]", "Sequential#2[rank 1]"]
+    latest = scn.inspector()  # rank 0's model, as the README leads the user to it
+    assert isinstance(latest, Recorded) and latest.rank == 0 and latest.steps_recorded == 2
+    with pytest.raises(ValueError, match=r"recorded 2 models \(Sequential, Sequential#2\)"):
+        scn.compare_ranks()
+    # the script forms no process group: two runs side by side, said before any verdict
+    assert repr(scn.compare_ranks("Sequential#2")).startswith(
+        "The ranks never formed a process group: 2 independent runs")
+    # then a world of one: compare_ranks() answers about that run, not the older one
+    ip.run_cell("scn_finder.stop()")
+    ip.run_cell("%singlecard cpu --ranks 1")
+    ip.run_cell("%inspect all")
+    assert ip.run_cell(f"%run {script}").error_in_exec is None
+    with pytest.raises(ValueError, match="the last `%run` ran in this process, a world of one"):
+        scn.compare_ranks()
+
+
+def test_compare_ranks_of_records_with_no_rows_says_so():
+    import pandas as pd
+
+    import singlecard_nb as scn
+
+    empty = pd.DataFrame({c: [] for c in ("step", "module", "type", "call", "io", "index",
+                                          "mean", "std", "absmax", "rank")})
+    with pytest.raises(ValueError, match="these records hold no rows"):
+        scn.compare_ranks(empty)
+
+
+# --- every job starts ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_gpu_count_guard_passes_under_ranks_and_a_job_of_no_group_is_said(ip, launched, capsys):
+    ip.run_cell("%singlecard cpu --ranks 2")
+    result = ip.run_cell(f"%run {SCRIPTS / 'gpu_guard.py'}")  # asks for 2 devices, else exits
+    assert result.error_in_exec is None
+    captured = capsys.readouterr()
+    assert all(f"[rank {k}] past the guard on cpu:0" in captured.out for k in (0, 1)), captured
+    said = [line for line in captured.err.splitlines() if "GPU-count guard asking" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0]"), said  # once, by rank 0
+    assert "gpu_guard.py:9: UserWarning: singlecard_nb: torch.accelerator.is_available() " \
+           "answers True to the script in each of the 2 ranks" in said[0]
+    assert "sys.exit()" not in captured.err and "--ranks N" not in captured.err
+    assert "singlecard_nb: the ranks never formed a process group: 2 independent runs" in \
+        captured.out  # the script calls no init_process_group
+    _nothing_left(launched)
+
+
+def test_a_script_that_spawns_its_own_ranks_is_refused_before_anything_starts():
+    from IPython.core.error import UsageError
+
+    from singlecard_nb.notebook import ranks_run
+
+    with pytest.raises(UsageError, match=r"multigpu.py starts its own ranks \(mp.spawn at "
+                                         r"multigpu.py:\d+\)"):
+        ranks_run._program(str(JOBS / "multigpu.py"))
+
+
+def test_accelerate_and_trainers_are_told_to_form_their_world_on_the_cpu():
+    ranks = launch.plan(2, "cpu", "/tmp/run", ["train.py"], environ={})
+    assert {r.environ["ACCELERATE_USE_CPU"] for r in ranks} == {"true"}
+    on_a_gpu = launch.plan(2, "GPU-8a1b", "/tmp/run", ["train.py"], environ={})
+    assert "ACCELERATE_USE_CPU" not in on_a_gpu[0].environ  # there they find the card

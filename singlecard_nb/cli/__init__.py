@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             agent.every_beat(at_exit.status_as_it_goes(finder, agent))
             save_to = options.save  # the rank's records, saved once at its exit, however it ends
             agent.at_exit(lambda: at_exit.save(finder, save_to, quiet=True))
+    if agent is not None:
+        from ..ranks.launch import adopt_notebook_path
+
+        adopt_notebook_path()  # a rank's script imports as the notebook's %run would
     status, started_in = 1, os.getpid()
     try:
         status = run(script, options.module, rest, agent)

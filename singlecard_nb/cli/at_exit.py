@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..inspection.runs.record_file import model_part
+
 
 def say_forked_child_leaves_the_save(parent: int, path: str) -> None:
     print(f"singlecard_nb: process {os.getpid()}, forked from {parent}, does not save its "
@@ -88,7 +90,7 @@ def save(finder: Any, path: str, quiet: bool = False) -> bool:
     target, saved = Path(path), True
     for name, insp in found.items():
         where = target if len(found) == 1 else target.with_name(
-            f"{target.stem}.{_file_part(name)}{target.suffix}")
+            f"{target.stem}.{model_part(name)}{target.suffix}")
         try:
             written = insp.save(where)
         except OSError as e:
@@ -115,8 +117,3 @@ def _models(finder: Any) -> dict[str, Any]:
             if id(insp) not in known:
                 found[name if name not in found else f"{name}#{len(found) + 1}"] = insp
     return found
-
-
-def _file_part(name: str) -> str:
-    """A model's name as part of a file name: a class named `a/b` or `T{x}` saves too."""
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)

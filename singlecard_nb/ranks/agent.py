@@ -114,6 +114,7 @@ class Agent:
         self.collectives = CollectiveLog(lambda name: is_user_file(name, self._roots))
         self._owner = Borrowed("the ranks' agent: torch.distributed calls counted")
         self._fault: Any = None
+        self._formed = False  # a process group was seen: the ranks formed one job
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
@@ -218,8 +219,9 @@ class Agent:
                 or cpu - self._last[1] > _BUSY_CPU * INTERVAL:
             self._progress += 1
         self._last = (signature, cpu)
+        self._formed = self._formed or self.collectives.count > 0 or _group_formed()
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
-                "time": time.time(), **locate(frames, self._roots),
+                "time": time.time(), **locate(frames, self._roots), "formed": self._formed,
                 "collectives": self.collectives.snapshot(), **self._extra}
 
     def _write(self, status: dict[str, Any]) -> None:
@@ -227,6 +229,15 @@ class Agent:
             temporary = self.path.with_suffix(".tmp")
             temporary.write_text(json.dumps(status))
             os.replace(temporary, self.path)  # the notebook never reads half a file
+
+
+def _group_formed() -> bool:
+    """Whether this rank is in a process group now (read from the agent's thread too)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # a torch half imported, while the script imports it
+        return False
 
 
 def _raised_frames(error: BaseException) -> list[Frame]:

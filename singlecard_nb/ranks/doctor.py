@@ -181,6 +181,15 @@ def never_arrived(statuses: Mapping[int, Status | None], codes: Mapping[int, int
     return lines
 
 
+def never_grouped(statuses: Mapping[int, Status | None]) -> str | None:
+    """Said when no rank ever was in a process group: N runs side by side, not one job."""
+    if len(statuses) < 2 or any(s is None or s.get("formed") for s in statuses.values()):
+        return None
+    return (f"the ranks never formed a process group: {len(statuses)} independent runs (the "
+            "script calls no `init_process_group`, or a library ran each rank as a world of "
+            f"one), so nothing was all-reduced between them; see {DOCS}.")
+
+
 # --- collective mismatches ---------------------------------------------------------------------
 def _call(entry: Mapping[str, Any]) -> str:
     shape = f", shape {entry['shape']}" if entry.get("shape") is not None else ""

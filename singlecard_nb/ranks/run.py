@@ -19,8 +19,10 @@ Each rank also dies with the notebook (its parent-death signal), should the note
 
 from __future__ import annotations
 
+import codecs
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -41,7 +43,8 @@ _DRAIN = 1.0  # seconds the output of stopped ranks has to arrive (their pipes c
 class RankJob:
     """One run of N ranks.
 
-    echo(rank, line, stream): shows a line of a rank's output ("stdout" or "stderr").
+    echo(rank, line, stream): shows a line of a rank's output ("stdout" or "stderr"); a line
+    redrawn in place (tqdm's `\r`) comes as "\r" + its latest state, then "\r" when it ends.
     on_status(statuses): called every `status_every` seconds with every rank's latest status
     (the ranks' agents write theirs twice a second).
     """
@@ -92,8 +95,13 @@ class RankJob:
             self._readers.append(reader)
 
     def _read(self, rank: int, stream: IO[bytes], name: str) -> None:
-        for raw in iter(stream.readline, b""):
-            self._lines.put((rank, raw.decode(errors="replace").rstrip("\n"), name))
+        lines = Lines()
+        read = getattr(stream, "read1", stream.read)  # what has come, without waiting for more
+        while chunk := read(65536):
+            for line in lines.feed(chunk):
+                self._lines.put((rank, line, name))
+        for line in lines.feed(b"", final=True):
+            self._lines.put((rank, line, name))
         stream.close()
 
     # --- watching ---------------------------------------------------------------------------
@@ -240,6 +248,46 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class Lines:
+    """A rank's output bytes cut into lines as they come: a line ends at "\n"; a line redrawn
+    with "\r" (a progress bar) is given at each redraw as "\r" + its latest state, without
+    waiting for its end, and "\r" alone once it ends."""
+
+    def __init__(self) -> None:
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        self._pending = ""
+        self._redrawing = False
+
+    def feed(self, data: bytes, final: bool = False) -> list[str]:
+        out: list[str] = []
+        text = self._pending + self._decode(data, final)
+        *parts, self._pending = re.split(r"(\r\n|\n|\r)", text)
+        for piece, end in zip(parts[0::2], parts[1::2]):
+            if end == "\r":
+                if piece:
+                    out.append("\r" + piece)
+                self._redrawing = True
+            elif self._redrawing:
+                if piece:
+                    out.append("\r" + piece)
+                out.append("\r")
+                self._redrawing = False
+            else:
+                out.append(piece)
+        if self._pending and (self._redrawing or final):  # a redraw shows at once
+            out.append(("\r" if self._redrawing else "") + self._pending)
+            self._pending = ""
+        if final and self._redrawing:
+            out.append("\r")
+            self._redrawing = False
+        return out
+
+
 def _print(rank: int, line: str, stream: str) -> None:
-    print(f"[rank {rank}] {line}", file=sys.stderr if stream == "stderr" else sys.stdout,
-          flush=True)
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    if line == "\r":  # the line redrawn in place ends
+        print(file=out, flush=True)
+    elif line.startswith("\r"):
+        print(f"\r[rank {rank}] {line[1:]}", end="", file=out, flush=True)
+    else:
+        print(f"[rank {rank}] {line}", file=out, flush=True)
