@@ -788,3 +788,21 @@ def test_accelerate_and_trainers_are_told_to_form_their_world_on_the_cpu():
     assert {r.environ["ACCELERATE_USE_CPU"] for r in ranks} == {"true"}
     on_a_gpu = launch.plan(2, "GPU-8a1b", "/tmp/run", ["train.py"], environ={})
     assert "ACCELERATE_USE_CPU" not in on_a_gpu[0].environ  # there they find the card
+
+
+def test_status_files_are_read_when_they_change_and_a_status_thread_error_is_said(tmp_path):
+    import json
+
+    from singlecard_nb.ranks import agent, doctor
+
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(_status(0, "/j/train.py:5", None, 1.0)))
+    statuses = agent.Statuses(tmp_path, [0, 1])
+    first = statuses.read()
+    assert first[1] is None and statuses.read()[0] is first[0]  # unchanged: not read again
+    failed = {**_status(0, "/j/train.py:9", None, 2.0), "agent_error": "OSError: disk full"}
+    (tmp_path / "rank0.tmp").write_text(json.dumps(failed))
+    os.replace(tmp_path / "rank0.tmp", path)  # as the agent writes it
+    assert statuses.read()[0]["where"] == "/j/train.py:9"
+    line = doctor.describe(0, failed, None)
+    assert "its status thread failed (OSError: disk full), so it was not seen" in line, line

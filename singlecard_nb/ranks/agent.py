@@ -188,10 +188,20 @@ class Agent:
     # --- the thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(INTERVAL):
-            self._beat()
-            why = self.lifeline.why_end()
-            if why is not None and not self._stop.is_set():
-                self.lifeline.end_if_stuck(why, self._last_words)
+            try:
+                self._beat()
+                why = self.lifeline.why_end()
+                if why is not None and not self._stop.is_set():
+                    self.lifeline.end_if_stuck(why, self._last_words)
+            except Exception as e:  # said, never a silent stop the doctor would read as a hang
+                self._failed(e)
+
+    def _failed(self, error: Exception) -> None:
+        said = f"{type(error).__name__}: {error}"[:300]
+        if self._extra.get("agent_error") != said:
+            self._extra["agent_error"] = said
+            print(f"singlecard_nb: rank {self.rank}'s status thread failed ({said}); the hang "
+                  "doctor may not see this rank move.", file=sys.__stderr__, flush=True)
 
     def _last_words(self, why: str) -> None:
         """The status of a rank whose main thread never came back to end it (stuck in a
@@ -247,6 +257,31 @@ def _raised_frames(error: BaseException) -> list[Frame]:
         inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
         tb = tb.tb_next
     return inner
+
+
+class Statuses:
+    """Every rank's latest status, each file read again only when it changed (the notebook
+    looks ten times a second, a rank writes twice)."""
+
+    def __init__(self, folder: str | os.PathLike, ranks: Sequence[int]):
+        self.folder, self.ranks = Path(folder), list(ranks)
+        self._seen: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+
+    def read(self) -> dict[int, dict[str, Any] | None]:
+        for rank in self.ranks:
+            stamp = (_stamp(self.folder / f"rank{rank}.json"),
+                     _stamp(self.folder / f"rank{rank}.fault"))
+            if rank not in self._seen or self._seen[rank][0] != stamp:
+                self._seen[rank] = (stamp, read(self.folder, rank))
+        return {rank: self._seen[rank][1] for rank in self.ranks}
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size  # os.replace gives a new inode
 
 
 def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:

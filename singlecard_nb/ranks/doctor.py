@@ -136,6 +136,8 @@ def describe(rank: int, status: Status | None, code: int | None) -> str:
         return f"rank {rank}: never started its script (no status yet)"
     where = f"{_short(status.get('where'))}" + (
         f" (in {status['function']})" if status.get("function") else "")
+    if status.get("agent_error"):  # it may have worked on, unseen
+        where += f"; its status thread failed ({status['agent_error'][:120]}), so it was not seen"
     if status.get("collective"):
         return f"rank {rank}: waits in {status['collective']} at {where}"
     return f"rank {rank}: in no collective, at {where}"

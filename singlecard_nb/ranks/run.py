@@ -67,6 +67,7 @@ class RankJob:
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
         self.said: dict[int, str] = {}  # what a rank printed of a collective mismatch
+        self._statuses = agent.Statuses(folder, [spec.rank for spec in self.ranks])
 
     def run(self) -> dict[int, int]:
         """Run to the end; {rank: exit status} (all 0), or raise as the module says."""
@@ -114,7 +115,7 @@ class RankJob:
         while True:
             printed = self._echo_waiting()
             codes = {r: p.poll() for r, p in self.processes.items()}
-            statuses = {r: agent.read(self.folder, r) for r in self.processes}
+            statuses = self._statuses.read()
             now = time.monotonic()
             for r, status in statuses.items():
                 mark = None if status is None else status.get("progress")
@@ -155,7 +156,7 @@ class RankJob:
             if not stale or time.monotonic() >= deadline:
                 return statuses
             time.sleep(POLL)
-            statuses = {**statuses, **{r: agent.read(self.folder, r) for r in stale}}
+            statuses = self._statuses.read()
 
     def _show(self, rank: int, line: str, stream: str) -> None:
         if rank not in self.said and any(w in line for w in doctor.MISMATCH_WORDS):
