@@ -200,7 +200,7 @@ def desync_run():
     from IPython.core.interactiveshell import InteractiveShell
 
     import singlecard_nb as scn
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     drawn, displays, plans = [], [], []
     original = launch.plan
@@ -219,7 +219,7 @@ def desync_run():
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
             mp.delenv(name, raising=False)
         mp.setattr(launch, "plan", plan)
-        mp.setattr(ranks_run, "display", display)
+        mp.setattr(ranks_progress, "display", display)
         shell = InteractiveShell.instance()
         shell.run_line_magic("load_ext", "singlecard_nb")
         out = io.StringIO()
@@ -501,7 +501,7 @@ def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
 
 
 def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(monkeypatch):
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     drawn = []
 
@@ -509,8 +509,8 @@ def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(m
         drawn.append(bundle)
         return _Handle(drawn)
 
-    monkeypatch.setattr(ranks_run, "display", display)
-    view = ranks_run._SideBySide(2)
+    monkeypatch.setattr(ranks_progress, "display", display)
+    view = ranks_progress.SideBySide(2)
     broken = {0: {"latest": {"GPT": {"series": [{"io": "output"}]}}}}  # a snapshot cut short
     view.update(broken)  # raises nothing: the job's watch loop would stop every rank
     view.update(broken, "finished")
@@ -521,7 +521,7 @@ def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(m
 def test_in_a_terminal_ipython_the_ranks_progress_is_printed_once_at_the_end(monkeypatch):
     import IPython
 
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     class TerminalInteractiveShell:  # stands in for IPython's terminal shell, by its name
         pass
@@ -532,9 +532,9 @@ def test_in_a_terminal_ipython_the_ranks_progress_is_printed_once_at_the_end(mon
         drawn.append(bundle)
         return _Handle(drawn)
 
-    monkeypatch.setattr(ranks_run, "display", display)
+    monkeypatch.setattr(ranks_progress, "display", display)
     monkeypatch.setattr(IPython, "get_ipython", lambda: TerminalInteractiveShell())
-    progress = ranks_run._Progress(2)
+    progress = ranks_progress.Progress(2)
     for step in range(1, 4):  # a terminal prints each update anew: only the last is shown
         progress.update({r: {"records": {"GPT": step}} for r in range(2)})
     assert drawn == []

@@ -3,15 +3,15 @@
 Only parses, calls the ranks wing and renders. The setting lives per shell with one owner that
 wraps `%run` (the real callable behind IPython's lazy placeholder, as `%inspect all` does; the
 two wrappers compose in either order: each passes through when it has nothing to do) and gives
-it back at `--ranks 1`, `%singlecard off` and `%unload_ext`. Under `%inspect all` the ranks are
-inspected with its options; their records are read back as they are saved, and after the run
-`scn.inspectors()` holds `GPT[rank 0]`, `GPT[rank 1]`, ... and `scn.compare_ranks()` compares
-them.
+it back at `--ranks 1`, `%singlecard off` and `%unload_ext`. Under `%inspect all` (or a Python
+`scn.inspect_all()`) the ranks are inspected with its options; what the cell shows meanwhile is
+ranks_progress's; after the run their records are read back: `scn.inspectors()` holds
+`GPT[rank 0]`, `GPT[rank 1]`, ..., `scn.inspector()` is rank 0's and `scn.compare_ranks()`
+compares them.
 """
 
 from __future__ import annotations
 
-import html
 import os
 import shlex
 import shutil
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.display import display
 
 from .. import job, session
 from ..borrow import Borrowed
 from . import lazy_magics
+from .ranks_progress import Progress, SideBySide
 
 DEFAULT_HANG_AFTER = 60.0
 MIN_HANG_AFTER = 1.0  # two of the ranks' status beats (ranks/agent.py's INTERVAL, 0.5 s)
@@ -222,7 +222,7 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
         options = [*cli_options(finder.options), "--save", os.path.join(folder, "records.db")]
         finder.reset()  # a new run: the previous run's models are forgotten
     ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
-    progress = None if finder is None else (_SideBySide if live else _Progress)(setting.ranks)
+    progress = None if finder is None else (SideBySide if live else Progress)(setting.ranks)
     job.remember_ranks_run("the last `%run` of ranks recorded nothing: turn `%inspect all "
                            "--params` on before `%run`, so each rank records its models"
                            if finder is None else None)
@@ -278,76 +278,3 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
     job.remember_ranks_run({model: load(paths) for model, paths in jobs.items()}, note)
     rank_0 = [r for r in found.values() if r.rank == 0] or list(found.values())
     recorded_elsewhere(max(rank_0, key=lambda r: r.steps_recorded))
-
-
-class _Progress:
-    """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
-
-    def __init__(self, ranks: int):
-        from IPython import get_ipython
-
-        from ..inspection.views.live import updates_in_place
-
-        self.ranks = ranks
-        self.handle: Any = None
-        self.updates = 0  # how many times the output was drawn
-        self._last = ""
-        # a terminal IPython prints every update anew: there only the last state is shown
-        shell = get_ipython()
-        self.in_place = shell is None or updates_in_place(shell)
-
-    def update(self, statuses: dict[int, Any], state: str = "running",
-               note: str | None = None) -> None:
-        models: dict[str, dict[int, int]] = {}
-        for rank, status in statuses.items():
-            for name, steps in ((status or {}).get("records") or {}).items():
-                models.setdefault(name, {})[rank] = steps
-        if not models:
-            return
-        text = "records so far: " + "; ".join(
-            f"{name}: " + " | ".join(f"rank {r} step {by_rank.get(r, 0)}"
-                                     for r in range(self.ranks))
-            for name, by_rank in models.items())
-        if note:
-            text += f" · {note}"
-        self._show({"text/plain": text}, text, final=state != "running")
-
-    def _show(self, bundle: dict[str, str], text: str, final: bool = False) -> None:
-        if text == self._last or not (self.in_place or final):
-            return
-        self._last = text
-        if self.handle is None:
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle.update(bundle, raw=True)
-        self.updates += 1
-
-
-class _SideBySide(_Progress):
-    """Under `%inspect all --live`: the ranks side by side, module by module, ranked by where
-    they disagree, one output updated in place: looked at twice a second, redrawn when a rank
-    sent something new (each sends once a second)."""
-
-    def __init__(self, ranks: int):
-        from ..inspection.runs.side_by_side import SideBySide
-
-        super().__init__(ranks)
-        self.view = SideBySide(ranks)
-        self.error: str | None = None
-
-    def update(self, statuses: dict[int, Any], state: str = "running",
-               note: str | None = None) -> None:
-        if self.error is not None:
-            return
-        try:
-            if not self.view.feed(statuses) and state == "running":
-                return
-            if not self.view.rows():
-                return
-            bundle = self.view.bundle(state)
-        except Exception as e:  # drawing must never stop the ranks: said once, in the output
-            self.error = f"{type(e).__name__}: {e}"
-            text = (f"ranks side by side: the view failed ({self.error}); the ranks go on, "
-                    "and their records are read back after the run. See docs/ranks.md.")
-            bundle = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
-        self._show(bundle, bundle["text/plain"], final=state != "running")

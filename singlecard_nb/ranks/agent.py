@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -28,68 +27,11 @@ from typing import Any
 from ..borrow import Borrowed
 from .collectives import CollectiveLog
 from .lifeline import TERMINATED, Lifeline
+from .where import frames_of, is_user_file, library_roots, locate, raised_frames
 
 INTERVAL = 0.5  # seconds between samples
 _TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
 _BUSY_CPU = 0.1  # CPU seconds per second of wall time that count as working (10% of a core)
-
-Frame = tuple[str, int, str]  # (file name, line, function), innermost first
-
-
-def _library_roots() -> tuple[str, ...]:
-    import torch
-
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # singlecard_nb
-             os.path.dirname(os.path.abspath(torch.__file__))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.abspath(path))
-    return tuple(sorted(roots, key=len, reverse=True))
-
-
-def is_user_file(filename: str, roots: Sequence[str]) -> bool:
-    """Not torch's, not ours, not the standard library's or an installed package's."""
-    if filename.startswith("<"):  # <frozen runpy>, <string>
-        return False
-    path = os.path.abspath(filename)
-    return not any(path == root or path.startswith(root + os.sep) for root in roots)
-
-
-def _collective(frame: Frame) -> str | None:
-    """The torch.distributed entry a frame is in, named as the user called it."""
-    filename, _, function = frame
-    path = filename.replace(os.sep, "/")
-    if "/torch/distributed/" in path and function not in ("wrapper", "<module>"):
-        return function
-    if path.endswith("/torch/nn/parallel/distributed.py"):
-        return f"DistributedDataParallel.{function}"
-    if "/torch/autograd/" in path and function == "backward":
-        return "backward (DDP's gradient all_reduce)"
-    return None
-
-
-def locate(frames: Sequence[Frame], roots: Sequence[str]) -> dict[str, Any]:
-    """{"where": "file:line" of the innermost user frame, "collective": the torch.distributed
-    call made from it (None: not in one)}; frames innermost first."""
-    for index, frame in enumerate(frames):
-        if is_user_file(frame[0], roots):
-            collective = None
-            for callee in reversed(frames[:index]):  # from the user's call inwards
-                collective = _collective(callee)
-                if collective is not None:
-                    break
-            return {"where": f"{frame[0]}:{frame[1]}", "function": frame[2],
-                    "collective": collective}
-    return {"where": None, "function": None, "collective": None}
-
-
-def frames_of(frame: Any) -> list[Frame]:
-    found = []
-    while frame is not None:
-        found.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
-        frame = frame.f_back
-    return found
 
 
 class Agent:
@@ -101,7 +43,7 @@ class Agent:
         self.rank = rank
         self._clock = clock
         self._main = threading.main_thread().ident
-        self._roots = _library_roots()
+        self._roots = library_roots()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = 0
@@ -148,7 +90,7 @@ class Agent:
         is known even when the others fail a moment later (their peer went away)."""
         self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
                                  "at": time.time(),
-                                 **locate(_raised_frames(error), self._roots),
+                                 **locate(raised_frames(error), self._roots),
                                  "traceback": self._traceback(error)}
         self._write(self._sample())
 
@@ -157,7 +99,7 @@ class Agent:
         its end (status 0); said at once, so that the first rank to leave is known."""
         place: dict[str, Any] = {"where": None, "function": None, "collective": None}
         if exit is not None:
-            place = locate(_raised_frames(exit), self._roots)
+            place = locate(raised_frames(exit), self._roots)
         self._extra["left"] = {"status": status, "at": time.time(), **place}
         self._write(self._sample())
 
@@ -250,15 +192,6 @@ def _group_formed() -> bool:
         return False
 
 
-def _raised_frames(error: BaseException) -> list[Frame]:
-    """Each frame of an exception's traceback at the line it raised from, innermost first."""
-    tb, inner = error.__traceback__, []
-    while tb is not None:
-        inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    return inner
-
-
 class Statuses:
     """Every rank's latest status, each file read again only when it changed (the notebook
     looks ten times a second, a rank writes twice)."""
@@ -313,4 +246,4 @@ def fault(dump: str) -> dict[str, Any]:
     frames = [[(f, int(line), fn) for f, line, fn in block] for block in blocks]
     main = next((b for b in frames if any(fn == "_run_module_as_main" for _, _, fn in b)),
                 frames[0] if frames else [])
-    return {"error": error[:200], **locate(main, _library_roots())}
+    return {"error": error[:200], **locate(main, library_roots())}
