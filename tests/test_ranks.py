@@ -806,3 +806,25 @@ def test_status_files_are_read_when_they_change_and_a_status_thread_error_is_sai
     assert statuses.read()[0]["where"] == "/j/train.py:9"
     line = doctor.describe(0, failed, None)
     assert "its status thread failed (OSError: disk full), so it was not seen" in line, line
+
+
+def test_in_a_rank_on_a_gpu_each_of_the_n_devices_is_the_pinned_card(monkeypatch):
+    import torch
+
+    from singlecard_nb.borrow import Borrowed
+    from singlecard_nb.notices import Notices
+    from singlecard_nb.parallel.guards import Guards
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"the card {device}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the pinned card, visible alone
+    owner = Borrowed("test: a rank of 2 on one GPU")
+    Guards(torch.device("cuda:0"), Notices(), world=2).install(owner)
+    try:
+        with pytest.warns(UserWarning, match=r"device_count\(\) answers 2 to the script"):
+            assert torch.cuda.device_count() == 2  # asked by the script: one device per rank
+        names = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
+        assert names == ["the card cuda:0"] * 2  # rank 1's "cuda:1" is the one card
+        assert torch.cuda.get_device_name("cuda:1") == "the card cuda:0"
+    finally:
+        owner.restore()
+    assert torch.cuda.device_count() == 1

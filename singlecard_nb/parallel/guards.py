@@ -30,6 +30,8 @@ import torch
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 
+# torch.cuda's questions about one device, by its index
+_ABOUT_A_DEVICE = ("get_device_name", "get_device_properties", "get_device_capability")
 # (module, function) pairs whose answers a guard reads.
 _QUESTIONS = (("cuda", "device_count"), ("cuda", "is_available"),
               ("accelerator", "device_count"), ("accelerator", "is_available"))
@@ -69,6 +71,25 @@ class Guards:
                 owner.set_attr(module, name, self._asking(original, f"torch.{module_name}.{name}"),
                                "GPU-count guards")
         owner.set_attr(sys, "exit", self._exit(sys.exit), "sys.exit (GPU-count guards)")
+        if self.world > 1 and self.device.type == "cuda":
+            for name in _ABOUT_A_DEVICE:  # device k of the N a rank sees is the pinned card
+                original = getattr(torch.cuda, name, None)
+                if original is not None:
+                    owner.set_attr(torch.cuda, name, self._about_the_card(original),
+                                   "device questions of N ranks on one card")
+
+    def _about_the_card(self, original: Any) -> Any:
+        """`get_device_name(rank)` and the like: device k < N is the pinned card (a loop over
+        the N devices `device_count()` answered reads the one card N times)."""
+        def about(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+            index = getattr(device, "index", device)
+            if isinstance(device, str) and device.startswith("cuda:"):
+                index = int(device[5:]) if device[5:].isdigit() else None
+            if isinstance(index, int) and 0 <= index < self.world:
+                device = self.device
+            return original(device, *args, **kwargs)
+
+        return wrap_like(original, about)
 
     def _asking(self, original: Any, call: str) -> Any:
         def question(*args: Any, **kwargs: Any) -> Any:
