@@ -15,6 +15,14 @@ atexit run, and it saves its own records: lifeline.py), one wait of `lifeline.GR
 shared by all ranks, then SIGKILL to any still running, each step said; so no child, socket or
 port outlives the run. A failure is reported once the others are stopped, their output drained.
 Each rank also dies with the notebook (its parent-death signal), should the notebook be killed.
+
+Why not torch elastic's `start_processes` (torchrun's engine): its `PContext.start()`, called in
+the notebook's main thread, takes SIGTERM, SIGINT, SIGHUP and SIGQUIT for good (Ctrl-C would
+raise its SignalException instead of KeyboardInterrupt in every later cell); each rank's
+environment is the notebook's `os.environ` updated, so a variable the plan leaves out (the
+notebook's own pin) comes back; output reaches the parent only through log files; and its
+`wait()` stops the other ranks itself at a failure, before their statuses say where they
+waited. Its stopping (`SubprocessContext._close`) is what `stop()` does.
 """
 
 from __future__ import annotations
