@@ -66,14 +66,20 @@ def rank() -> int:
 # The records of the last `%run` of N ranks (a frame of every rank's rows), for
 # `compare_ranks()` with no argument; or the sentence saying why there are none.
 _last_ranks_run: Any = None
+_last_ranks_note: str | None = None
 
 
-def remember_ranks_run(records: Any) -> None:
-    """What the last run of N ranks recorded: a frame of all its ranks, or a str (why none)."""
-    global _last_ranks_run
-    _last_ranks_run = records
+def remember_ranks_run(records: Any, note: str | None = None) -> None:
+    """What the last run of N ranks recorded: {model: a frame of all its ranks}, or a str (why
+    none); note: what a comparison of them must say first (the ranks never formed a group)."""
+    global _last_ranks_run, _last_ranks_note
+    _last_ranks_run, _last_ranks_note = records, note
 
 
 def last_ranks_run() -> Any:
     """The last run of N ranks' records (None: no such run in this process)."""
     return _last_ranks_run
+
+
+def last_ranks_note() -> str | None:
+    return _last_ranks_note

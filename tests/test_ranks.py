@@ -118,7 +118,32 @@ def test_bad_ranks_change_nothing(ip):
     assert "--hang-after goes with --ranks N" in str(error)
     error = magic_error(ip, "%singlecard cpu --ranks 2 --hang-after 0")
     assert "expected seconds above 0, got 0" in str(error)
+    # below two of the ranks' status beats every healthy job would be stopped as hung
+    error = magic_error(ip, "%singlecard cpu --ranks 2 --hang-after 0.3")
+    assert "--hang-after: expected at least 1 s" in str(error) and "got 0.3" in str(error)
+    error = magic_error(ip, "%singlecard cpu --ranks 100000")
+    assert "expected a number of processes from 1" in str(error) and "got 100000" in str(error)
     assert scn.current() is None  # nothing pinned by a refused line
+
+
+def test_more_ranks_than_cores_is_said(ip, monkeypatch, capsys):
+    from singlecard_nb.notebook import ranks_run
+
+    monkeypatch.setattr(ranks_run, "_cores", lambda: 2)
+    ip.run_cell("%singlecard cpu --ranks 3")
+    out = capsys.readouterr().out
+    assert "singlecard_nb: 3 ranks on this machine's 2 CPU cores: they take turns" in out, out
+    ip.run_cell("%singlecard cpu --ranks 2")
+    assert "CPU cores" not in capsys.readouterr().out
+
+
+def test_a_script_is_found_under_ranks_as_a_plain_run_finds_it(monkeypatch, tmp_path):
+    from singlecard_nb.notebook import ranks_run
+
+    assert ranks_run._program(f"{SCRIPTS / 'ranks_nccl'} --x")[0] == str(SCRIPTS / "ranks_nccl.py")
+    (tmp_path / "x.py").write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ranks_run._program("~/x.py") == [str(tmp_path / "x.py")]
 
 
 def test_ranks_1_is_a_world_of_one_again(ip, capsys):
@@ -162,7 +187,7 @@ class _Handle:
         self.drawn.append(bundle)
 
 
-DESYNC_STEPS = 150  # long enough for the live view to be drawn several times while it runs
+DESYNC_STEPS = 300  # long enough for the live view to be drawn several times while it runs
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +200,7 @@ def desync_run():
     from IPython.core.interactiveshell import InteractiveShell
 
     import singlecard_nb as scn
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     drawn, displays, plans = [], [], []
     original = launch.plan
@@ -194,7 +219,7 @@ def desync_run():
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
             mp.delenv(name, raising=False)
         mp.setattr(launch, "plan", plan)
-        mp.setattr(ranks_run, "display", display)
+        mp.setattr(ranks_progress, "display", display)
         shell = InteractiveShell.instance()
         shell.run_line_magic("load_ext", "singlecard_nb")
         out = io.StringIO()
@@ -299,12 +324,21 @@ def test_the_side_by_side_view_meets_parameters_at_their_optimiser_step():
 
 
 @pytest.mark.slow
-def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched):
+def test_the_hang_doctor_names_the_extra_all_reduce_and_who_never_arrived(ip, launched, capsys):
     # two ranks show it as well as three (the notebook shows three), at two thirds of the cost
+    import singlecard_nb as scn
+
     ip.run_cell("%singlecard cpu --ranks 2 --hang-after 3")
+    ip.run_cell("%inspect all")
     started = time.monotonic()
     result = ip.run_cell(f"%run {JOBS / 'ranks_hang.py'}")
     assert isinstance(result.error_in_exec, RanksHang)
+    # stuck in gloo, no rank's main thread ran its SIGTERM handler: each saved its records
+    # from its status thread, and ended well before the SIGKILL
+    assert list(scn.inspectors()) == ["Linear[rank 0]", "Linear[rank 1]"]
+    err = capsys.readouterr().err
+    assert "singlecard_nb: stopping ranks 0, 1: SIGTERM, then SIGKILL" in err
+    assert "SIGKILL." not in err  # none was needed
     message = str(result.error_in_exec)
     line = _line("ranks_hang.py", "HANG_LINE")
     assert f"rank 0: waits in all_reduce at ranks_hang.py:{line}" in message, message
@@ -338,9 +372,12 @@ def test_a_rank_that_raises_stops_the_others_and_run_raises(ip, launched, capsys
 
 
 def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_path):
+    # stopped as torchrun stops its workers: SIGTERM first, so each rank's `finally` runs
     script = tmp_path / "sleeper.py"
-    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    script.write_text("import time\ntry:\n    print('started', flush=True)\n"
+                      "    time.sleep(600)\nfinally:\n    print('cleaned up', flush=True)\n")
     ranks = launch.plan(2, "cpu", str(tmp_path), [str(script)])
+    said, lines = [], []
 
     class Impatient(RankJob):
         def stop(self):
@@ -348,12 +385,54 @@ def test_a_second_ctrl_c_while_the_ranks_are_stopped_leaves_none_running(tmp_pat
             super().stop()
 
     def echo(rank, line, stream):
-        if line == "started":
+        lines.append((rank, line))
+        if line == "started" and sum(text == "started" for _, text in lines) == 2:
             raise KeyboardInterrupt  # what Ctrl-C raises in the notebook's main thread
 
     with pytest.raises(KeyboardInterrupt):
-        Impatient(ranks, str(tmp_path), echo=echo).run()
+        Impatient(ranks, str(tmp_path), echo=echo, say=said.append).run()
+    assert said[0] == ("singlecard_nb: stopping ranks 0, 1: SIGTERM, then SIGKILL for any "
+                       "still running in 10 s."), said
+    assert len(said) == 1  # both ended at SIGTERM: no SIGKILL was needed
+    assert sorted(rank for rank, line in lines if line == "cleaned up") == [0, 1], lines
     _nothing_left([ranks])
+
+
+def test_a_killed_notebook_leaves_no_rank_running(tmp_path):
+    # a kernel restart, an out-of-memory kill: the process that started the ranks is SIGKILLed
+    import subprocess
+    import sys
+
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint('started', os.getpid(), flush=True)\n"
+                      "time.sleep(600)\n")
+    notebook = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from singlecard_nb.ranks import launch, run; "
+         f"run.RankJob(launch.plan(2, 'cpu', {str(tmp_path)!r}, [{str(script)!r}]), "
+         f"{str(tmp_path)!r}).run()"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        while len(pids) < 2:
+            line = notebook.stdout.readline()
+            assert line, "the notebook ended before its ranks started"
+            pids += [int(p) for p in re.findall(r"started (\d+)", line)]
+    finally:
+        notebook.kill()
+        notebook.wait()
+    deadline = time.monotonic() + 5
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), "a rank outlived the notebook that started it"
+    assert _rank_processes(str(tmp_path)) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _torchrun(ranks: int, *command: str) -> list[str]:
@@ -422,7 +501,7 @@ def test_ranks_share_a_real_gpu_through_gloo(ip, launched, capsys):
 
 
 def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(monkeypatch):
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     drawn = []
 
@@ -430,8 +509,8 @@ def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(m
         drawn.append(bundle)
         return _Handle(drawn)
 
-    monkeypatch.setattr(ranks_run, "display", display)
-    view = ranks_run._SideBySide(2)
+    monkeypatch.setattr(ranks_progress, "display", display)
+    view = ranks_progress.SideBySide(2)
     broken = {0: {"latest": {"GPT": {"series": [{"io": "output"}]}}}}  # a snapshot cut short
     view.update(broken)  # raises nothing: the job's watch loop would stop every rank
     view.update(broken, "finished")
@@ -442,7 +521,7 @@ def test_a_side_by_side_view_that_fails_says_so_once_and_never_stops_the_ranks(m
 def test_in_a_terminal_ipython_the_ranks_progress_is_printed_once_at_the_end(monkeypatch):
     import IPython
 
-    from singlecard_nb.notebook import ranks_run
+    from singlecard_nb.notebook import ranks_progress
 
     class TerminalInteractiveShell:  # stands in for IPython's terminal shell, by its name
         pass
@@ -453,9 +532,9 @@ def test_in_a_terminal_ipython_the_ranks_progress_is_printed_once_at_the_end(mon
         drawn.append(bundle)
         return _Handle(drawn)
 
-    monkeypatch.setattr(ranks_run, "display", display)
+    monkeypatch.setattr(ranks_progress, "display", display)
     monkeypatch.setattr(IPython, "get_ipython", lambda: TerminalInteractiveShell())
-    progress = ranks_run._Progress(2)
+    progress = ranks_progress.Progress(2)
     for step in range(1, 4):  # a terminal prints each update anew: only the last is shown
         progress.update({r: {"records": {"GPT": step}} for r in range(2)})
     assert drawn == []
@@ -514,6 +593,238 @@ def test_a_rank_killed_without_a_word_is_the_first_failure_not_the_ranks_left_wa
     codes = {0: 1, 1: -9}
     assert doctor.first_failed(statuses, codes) == 1
     message = doctor.failure_report(1, statuses, codes)
-    assert message.startswith("rank 1 failed: exit status -9; the other ranks were stopped.")
+    assert message.startswith("rank 1 failed: killed by SIGKILL; the other ranks were stopped.")
     assert "Rank 1 ended without a Python traceback" in message
     assert "rank 0: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in message
+
+
+# --- the right rank, the right line -------------------------------------------------------------
+def _stopped_job(tmp_path, mode: str, hang_after: float = 60.0) -> str:
+    """ranks_raise.py in `mode` as 2 ranks; the message of what the job raised."""
+    ranks = launch.plan(2, "cpu", str(tmp_path), [str(SCRIPTS / "ranks_raise.py"), mode])
+    with pytest.raises((RankFailed, RanksHang)) as caught:
+        RankJob(ranks, str(tmp_path), hang_after, echo=lambda *line: None,
+                say=lambda text: None).run()
+    _nothing_left([ranks])
+    return str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_rank_that_leaves_by_exit_0_while_the_other_waits_is_the_one_named(tmp_path):
+    message = _stopped_job(tmp_path, "exit0")
+    leave, wait = _line("ranks_raise.py", "EXIT_LINE"), _line("ranks_raise.py", "WAIT_LINE")
+    assert message.startswith(f"rank 1 exited with status 0 at ranks_raise.py:{leave} while "
+                              "the others waited; the other ranks were stopped."), message
+    assert f"  rank 0: stopped (waiting in all_reduce at ranks_raise.py:{wait} when rank 1 " \
+           "left)" in message.splitlines(), message
+    assert "The cause, rank 0" not in message and "never arrived" not in message
+
+
+@pytest.mark.slow
+def test_sizes_gloo_finds_mismatched_name_both_calls_with_rank_and_line(tmp_path):
+    # rank 0 logs a metric with an all_reduce of its own; gloo aborts on the sizes
+    message = _stopped_job(tmp_path, "extra")
+    step, extra = _line("ranks_raise.py", "STEP_LINE"), _line("ranks_raise.py", "EXTRA_LINE")
+    assert "died in native code (Aborted) in all_reduce" in message, message
+    assert "Received data size doesn't match expected size" in message
+    assert (f"rank 0 in all_reduce at ranks_raise.py:{extra}; rank 1 in all_reduce at "
+            f"ranks_raise.py:{step}: one rank ran more steps or an extra collective.") in message
+    assert "killed, out of memory" not in message and "init_process_group" not in message
+
+
+@pytest.mark.slow
+def test_an_extra_collective_gloo_waits_in_for_ever_is_named_by_the_call_that_parted(tmp_path):
+    message = _stopped_job(tmp_path, "extra-hang", hang_after=1.0)
+    step, extra = _line("ranks_raise.py", "STEP_LINE"), _line("ranks_raise.py", "EXTRA_LINE")
+    assert (f"The ranks' collectives part at call #2: rank 0 made all_reduce at "
+            f"ranks_raise.py:{extra}, shape [1], rank 1 all_reduce at ranks_raise.py:{step}, "
+            "shape [4]: one rank ran more steps or an extra collective.") in message, message
+    assert "same collective at the same line" not in message
+
+
+def test_an_exit_status_is_said_as_what_it_is():
+    from singlecard_nb.ranks import doctor
+
+    left = {"status": 3, "at": 10.0, "where": "/j/train.py:40", "function": "<module>",
+            "collective": None}
+    statuses = {0: _status(0, "/j/train.py:17", "all_reduce", 10.1),
+                1: {**_status(1, "/j/train.py:40", None, 10.0), "left": left}}
+    codes = {0: None, 1: 3}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert message.startswith("rank 1 exited with status 3 at train.py:40; the other ranks "
+                              "were stopped."), message
+    assert "native code" not in message and "without a Python traceback" not in message
+
+
+def test_no_rank_in_any_collective_is_said_as_such():
+    from singlecard_nb.ranks import doctor
+
+    statuses = {r: _status(r, "/j/loader.py:25", None, 10.0) for r in range(2)}
+    message = doctor.hang_report(statuses, {0: None, 1: None}, 60)
+    assert "No rank is in a collective: each waits in its own code" in message, message
+    assert "same collective" not in message and "never arrived" not in message
+
+
+def test_a_rank_with_its_own_error_outside_any_collective_is_not_stopped_by_the_other():
+    from singlecard_nb.ranks import doctor
+
+    own = {"error": "KeyError: 'labels'", "at": 10.4, "where": "/j/train.py:30",
+           "function": "<module>", "collective": None, "traceback": "..."}
+    statuses = {0: _status(0, "/j/train.py:30", None, 10.4, own),
+                1: _status(1, "/j/train.py:15", None, 10.0, _FIRST)}
+    codes = {0: 1, 1: 1}
+    assert doctor.first_failed(statuses, codes) == 1
+    message = doctor.failure_report(1, statuses, codes)
+    assert "  rank 0: failed: KeyError: 'labels' at train.py:30 (its own, not from rank 1 " \
+           "going away)" in message.splitlines(), message
+    assert "rank 0: stopped" not in message
+
+
+# --- the notebook's view of the ranks -----------------------------------------------------------
+@pytest.mark.slow
+def test_the_ranks_import_as_the_notebook_does_and_redraws_show_as_they_come(tmp_path,
+                                                                            monkeypatch):
+    import sys
+
+    monkeypatch.chdir(tmp_path)  # the notebook's folder
+
+    (tmp_path / "mylib.py").write_text("VALUE = 42\n")  # beside the notebook
+    (tmp_path / "jobs").mkdir()
+    script = tmp_path / "jobs" / "train.py"
+    script.write_text(
+        "import sys, sysconfig, time\nfrom mylib import VALUE\n"
+        "stdlib = sys.path.index(sysconfig.get_paths()['stdlib'])\n"
+        "site = min(i for i, p in enumerate(sys.path) if p.endswith('site-packages'))\n"
+        "print('path', VALUE, sys.path[1], stdlib < site, flush=True)\n"
+        "for i in range(2):\n"
+        "    sys.stderr.write(f'\\r{i + 1}/2'); sys.stderr.flush(); time.sleep(0.5)\n"
+        "sys.stderr.write('\\n'); print('done', flush=True)\n")
+    seen = []
+    ranks = launch.plan(2, "cpu", str(tmp_path / "run"), [str(script)],
+                        path=["", *sys.path])  # a kernel's sys.path, its folder as ""
+    (tmp_path / "run").mkdir()
+    RankJob(ranks, str(tmp_path / "run"),
+            echo=lambda rank, line, stream: seen.append((time.monotonic(), rank, line))).run()
+    lines = [(rank, line) for _, rank, line in seen]
+    assert (0, f"path 42 {tmp_path} True") in lines and (1, f"path 42 {tmp_path} True") in lines
+    when = {line: at for at, rank, line in seen if rank == 0}
+    assert when["done"] - when["\r1/2"] > 0.5, seen  # the bar showed as it was drawn
+    assert lines.index((0, "\r1/2")) < lines.index((0, "\r2/2")) < lines.index((0, "\r"))
+
+
+@pytest.mark.slow
+def test_two_models_under_ranks_read_back_as_one_job_each(ip, tmp_path):
+    import singlecard_nb as scn
+    from singlecard_nb.inspection.runs.recorded import Recorded
+
+    script = tmp_path / "two.py"
+    script.write_text("import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+                      "a, b = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 2))\n"
+                      "for _ in range(2):\n    b(a(torch.randn(3, 4))).sum().backward()\n")
+    ip.run_cell("%singlecard cpu --ranks 2")
+    ip.run_cell("scn_finder = __import__('singlecard_nb').inspect_all(params=True)")  # Python form
+    result = ip.run_cell(f"%run {script}")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert list(scn.inspectors()) == ["Sequential[rank 0]", "Sequential[rank 1]",
+                                      "Sequential#2[rank 0]", "Sequential#2[rank 1]"]
+    latest = scn.inspector()  # rank 0's model, as the README leads the user to it
+    assert isinstance(latest, Recorded) and latest.rank == 0 and latest.steps_recorded == 2
+    with pytest.raises(ValueError, match=r"recorded 2 models \(Sequential, Sequential#2\)"):
+        scn.compare_ranks()
+    # the script forms no process group: two runs side by side, said before any verdict
+    assert repr(scn.compare_ranks("Sequential#2")).startswith(
+        "The ranks never formed a process group: 2 independent runs")
+    # then a world of one: compare_ranks() answers about that run, not the older one
+    ip.run_cell("scn_finder.stop()")
+    ip.run_cell("%singlecard cpu --ranks 1")
+    ip.run_cell("%inspect all")
+    assert ip.run_cell(f"%run {script}").error_in_exec is None
+    with pytest.raises(ValueError, match="the last `%run` ran in this process, a world of one"):
+        scn.compare_ranks()
+
+
+def test_compare_ranks_of_records_with_no_rows_says_so():
+    import pandas as pd
+
+    import singlecard_nb as scn
+
+    empty = pd.DataFrame({c: [] for c in ("step", "module", "type", "call", "io", "index",
+                                          "mean", "std", "absmax", "rank")})
+    with pytest.raises(ValueError, match="these records hold no rows"):
+        scn.compare_ranks(empty)
+
+
+# --- every job starts ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_gpu_count_guard_passes_under_ranks_and_a_job_of_no_group_is_said(ip, launched, capsys):
+    ip.run_cell("%singlecard cpu --ranks 2")
+    result = ip.run_cell(f"%run {SCRIPTS / 'gpu_guard.py'}")  # asks for 2 devices, else exits
+    assert result.error_in_exec is None
+    captured = capsys.readouterr()
+    assert all(f"[rank {k}] past the guard on cpu:0" in captured.out for k in (0, 1)), captured
+    said = [line for line in captured.err.splitlines() if "GPU-count guard asking" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0]"), said  # once, by rank 0
+    assert "gpu_guard.py:9: UserWarning: singlecard_nb: torch.accelerator.is_available() " \
+           "answers True to the script in each of the 2 ranks" in said[0]
+    assert "sys.exit()" not in captured.err and "--ranks N" not in captured.err
+    assert "singlecard_nb: the ranks never formed a process group: 2 independent runs" in \
+        captured.out  # the script calls no init_process_group
+    _nothing_left(launched)
+
+
+def test_a_script_that_spawns_its_own_ranks_is_refused_before_anything_starts():
+    from IPython.core.error import UsageError
+
+    from singlecard_nb.notebook import ranks_run
+
+    with pytest.raises(UsageError, match=r"multigpu.py starts its own ranks \(mp.spawn at "
+                                         r"multigpu.py:\d+\)"):
+        ranks_run._program(str(JOBS / "multigpu.py"))
+
+
+def test_accelerate_and_trainers_are_told_to_form_their_world_on_the_cpu():
+    ranks = launch.plan(2, "cpu", "/tmp/run", ["train.py"], environ={})
+    assert {r.environ["ACCELERATE_USE_CPU"] for r in ranks} == {"true"}
+    on_a_gpu = launch.plan(2, "GPU-8a1b", "/tmp/run", ["train.py"], environ={})
+    assert "ACCELERATE_USE_CPU" not in on_a_gpu[0].environ  # there they find the card
+
+
+def test_status_files_are_read_when_they_change_and_a_status_thread_error_is_said(tmp_path):
+    import json
+
+    from singlecard_nb.ranks import agent, doctor
+
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(_status(0, "/j/train.py:5", None, 1.0)))
+    statuses = agent.Statuses(tmp_path, [0, 1])
+    first = statuses.read()
+    assert first[1] is None and statuses.read()[0] is first[0]  # unchanged: not read again
+    failed = {**_status(0, "/j/train.py:9", None, 2.0), "agent_error": "OSError: disk full"}
+    (tmp_path / "rank0.tmp").write_text(json.dumps(failed))
+    os.replace(tmp_path / "rank0.tmp", path)  # as the agent writes it
+    assert statuses.read()[0]["where"] == "/j/train.py:9"
+    line = doctor.describe(0, failed, None)
+    assert "its status thread failed (OSError: disk full), so it was not seen" in line, line
+
+
+def test_in_a_rank_on_a_gpu_each_of_the_n_devices_is_the_pinned_card(monkeypatch):
+    import torch
+
+    from singlecard_nb.borrow import Borrowed
+    from singlecard_nb.notices import Notices
+    from singlecard_nb.parallel.guards import Guards
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"the card {device}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the pinned card, visible alone
+    owner = Borrowed("test: a rank of 2 on one GPU")
+    Guards(torch.device("cuda:0"), Notices(), world=2).install(owner)
+    try:
+        with pytest.warns(UserWarning, match=r"device_count\(\) answers 2 to the script"):
+            assert torch.cuda.device_count() == 2  # asked by the script: one device per rank
+        names = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
+        assert names == ["the card cuda:0"] * 2  # rank 1's "cuda:1" is the one card
+        assert torch.cuda.get_device_name("cuda:1") == "the card cuda:0"
+    finally:
+        owner.restore()
+    assert torch.cuda.device_count() == 1

@@ -77,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         except (TypeError, ValueError) as e:
             p.error(str(e))
         if agent is not None and options.save:
-            agent.every_beat(at_exit.saving_as_it_goes(finder, options.save, agent))
+            agent.every_beat(at_exit.status_as_it_goes(finder, agent))
+            save_to = options.save  # the rank's records, saved once at its exit, however it ends
+            agent.at_exit(lambda: at_exit.save(finder, save_to, quiet=True))
+    if agent is not None:
+        from ..ranks.launch import adopt_notebook_path
+
+        adopt_notebook_path()  # a rank's script imports as the notebook's %run would
     status, started_in = 1, os.getpid()
     try:
         status = run(script, options.module, rest, agent)
@@ -92,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                     at_exit.report(finder)
                 if options.save and forked:
                     at_exit.say_forked_child_leaves_the_save(started_in, options.save)
-                elif options.save and not at_exit.save(finder, options.save,
-                                                       quiet=agent is not None):
+                elif options.save and agent is not None:
+                    if agent.exit_work() is False:
+                        status = status or 1  # the records asked for were not written
+                elif options.save and not at_exit.save(finder, options.save):
                     status = status or 1  # the records asked for were not written: a failure
         finally:
             if hint is not None:

@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-dir", metavar="DIR",
                    help="this process is a rank of `%%singlecard cpu --ranks N` (torchrun's "
                         "variables set): it joins the real world of N on --device, says where "
-                        "it stands in DIR/rank<k>.json and saves its records there as it goes")
+                        "it stands in DIR/rank<k>.json and saves its records there at its exit")
     return p
 
 

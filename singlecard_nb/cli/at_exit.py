@@ -1,5 +1,5 @@
 """What the command line does as the script ends: the findings printed, the records saved (also
-after an error, and as they go for a rank of `--ranks N`), the trap's words on a terminal."""
+after an error, and when a rank of `--ranks N` is stopped), the trap's words on a terminal."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..inspection.runs.record_file import model_part
 
 
 def say_forked_child_leaves_the_save(parent: int, path: str) -> None:
@@ -49,10 +51,11 @@ def report(finder: Any) -> None:
         print("\n".join(lines), file=sys.stderr)
 
 
-def saving_as_it_goes(finder: Any, path: str, agent: Any, seconds: float = 1.0) -> Any:
-    """A rank's records saved every `seconds` while the script runs (a rank stopped because
-    another failed or hung has no exit to save at); returns {"records": {model: steps},
-    "latest": {model: its latest steps}} (the notebook's side-by-side view reads them)."""
+def status_as_it_goes(finder: Any, agent: Any, seconds: float = 1.0) -> Any:
+    """What a rank of `--ranks N` adds to its status: {"records": {model: steps}} at each beat,
+    and every `seconds` (and at the last beat) "latest": {model: its latest steps} (the
+    notebook's side-by-side view reads them). Small: the records themselves are saved once,
+    at the rank's exit (also when it is stopped: lifeline.py)."""
     import time
 
     from ..inspection.views.latest import Latest
@@ -66,9 +69,6 @@ def saving_as_it_goes(finder: Any, path: str, agent: Any, seconds: float = 1.0) 
                                             for name, insp in found.items()}}
         if found and (agent.stopping or time.monotonic() - last[0] >= seconds):
             last[0] = time.monotonic()
-            if not agent.stopping:  # at the end the script's exit saves them (main())
-                save(finder, path, quiet=True)
-            # read when the save has brought the steps to the host anyway: no extra flush
             for name, insp in found.items():
                 latest.setdefault(name, Latest(insp))
             said["latest"] = {name: view.snapshot() for name, view in latest.items()}
@@ -90,7 +90,7 @@ def save(finder: Any, path: str, quiet: bool = False) -> bool:
     target, saved = Path(path), True
     for name, insp in found.items():
         where = target if len(found) == 1 else target.with_name(
-            f"{target.stem}.{_file_part(name)}{target.suffix}")
+            f"{target.stem}.{model_part(name)}{target.suffix}")
         try:
             written = insp.save(where)
         except OSError as e:
@@ -117,8 +117,3 @@ def _models(finder: Any) -> dict[str, Any]:
             if id(insp) not in known:
                 found[name if name not in found else f"{name}#{len(found) + 1}"] = insp
     return found
-
-
-def _file_part(name: str) -> str:
-    """A model's name as part of a file name: a class named `a/b` or `T{x}` saves too."""
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)

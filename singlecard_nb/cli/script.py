@@ -23,9 +23,14 @@ def run(script: str | None, module: str | None, args: list[str], agent: Any = No
             sys.argv = [module, *args]  # runpy puts the module's file name in argv[0]
             sys.path[0:1] = [os.getcwd()]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if agent is not None:
+            agent.left(0)  # ran to its end: the first rank to leave is known, also by exit 0
         return 0
     except SystemExit as e:
-        return _exit_status(e.code)
+        status = _exit_status(e.code)
+        if agent is not None:
+            agent.left(status, e)  # where its sys.exit was
+        return status
     except KeyboardInterrupt as e:
         _print_as_python_does(e)
         return 130

@@ -26,7 +26,7 @@ from .diagnostics import Diagnostics
 from .memory.table import MemoryWatch
 from .options import Kept, check_arguments, check_memory
 from .recording.attach import Attachment
-from .recording.calls import CallTracker
+from .recording.calls import CallTracker, step_clock
 from .recording.compile_watch import compile_listeners
 from .recording.recorder import Recorder
 from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, Store
@@ -260,9 +260,12 @@ class Inspector(InspectorResults):
 def inspector(model: nn.Module | None = None) -> Inspector:
     """The Inspector most recently started on `model`: by `inspect()`, `%inspect model`,
     `%%inspect model` or `inspect_all()` (also once stopped, while something keeps it).
-    With no model: the inspector of the model called most recently. Raises ValueError if none."""
+    With no model: the inspector of the model called most recently (after a `%run` of N ranks,
+    rank 0's model, read back: of several, the one with most steps). Raises ValueError if none."""
     if model is None:
         called = [insp for insp in _latest.values() if insp.last_called]
+        if _elsewhere is not None and all(i.last_called < _elsewhere[0] for i in called):
+            return _elsewhere[1]  # rank 0's model of the `%run` of N ranks read back last
         if not called:
             raise ValueError("no inspected model has been called yet: start an inspector with "
                              "singlecard_nb.inspect(model) or singlecard_nb.inspect_all(), then "
@@ -273,6 +276,16 @@ def inspector(model: nn.Module | None = None) -> Inspector:
         raise ValueError(f"no inspector has been started on this {type(model).__name__}: start "
                          "one with insp = singlecard_nb.inspect(model) or %inspect model.")
     return found
+
+
+_elsewhere: tuple[int, Any] | None = None  # (step clock, a model recorded in another process)
+
+
+def recorded_elsewhere(recorded: Any) -> None:
+    """A model recorded in another process, read back now (rank 0's of a `%run` of N ranks):
+    `inspector()` with no model answers with it until a model here is called."""
+    global _elsewhere
+    _elsewhere = (step_clock(), recorded)
 
 
 def recording_inspector(model: nn.Module) -> Inspector | None:

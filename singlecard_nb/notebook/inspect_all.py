@@ -14,6 +14,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import display
 
+from .. import job
 from ..borrow import Borrowed
 from . import lazy_magics
 from .arguments import inspect_options
@@ -60,6 +61,10 @@ def inspect_all_line(magics: Any, args: Any) -> None:
     return None
 
 
+WORLD_OF_ONE = ("the last `%run` ran in this process, a world of one: there are no ranks to "
+                "compare (`%singlecard cpu --ranks N` runs it as N ranks); give an Inspector, a "
+                "frame or a path of saved records.")
+
 # id(magics) -> the owner of its %run wrapper
 _run_owners: dict[int, Borrowed] = {}
 
@@ -75,6 +80,8 @@ def _clean_runs(magics: Any, finder: Any) -> None:
             if current is None or not current.active:
                 return original(*args, **kwargs)
             current.reset()
+            # a run in this process, unless a `%run` of ranks inside says what it recorded
+            job.remember_ranks_run(WORLD_OF_ONE)
             before = getattr(sys, "last_value", None)
             try:
                 return original(*args, **kwargs)

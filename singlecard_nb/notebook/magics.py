@@ -222,13 +222,18 @@ class SingleCardMagics(Magics):
 
 def _check_ranks(args: Any) -> None:
     """--ranks and --hang-after, checked before anything changes."""
-    if args.ranks is not None and args.ranks < 1:
-        raise UsageError(f"%singlecard --ranks: expected a number of processes, 1 or more "
-                         f"(1: a world of one), got {args.ranks}")
+    if args.ranks is not None and not 1 <= args.ranks <= ranks_run.MAX_RANKS:
+        raise UsageError(f"%singlecard --ranks: expected a number of processes from 1 (a world "
+                         f"of one) to {ranks_run.MAX_RANKS}, got {args.ranks}")
     if args.hang_after is not None:
         if not args.hang_after > 0:
             raise UsageError(f"%singlecard --hang-after: expected seconds above 0, got "
                              f"{args.hang_after:g}")
+        if args.hang_after < ranks_run.MIN_HANG_AFTER:
+            raise UsageError(f"%singlecard --hang-after: expected at least "
+                             f"{ranks_run.MIN_HANG_AFTER:g} s (each rank says it moved every "
+                             f"{ranks_run.MIN_HANG_AFTER / 2:g} s, so a shorter wait stops "
+                             f"healthy jobs as hung), got {args.hang_after:g}")
         if args.ranks is None or args.ranks < 2:
             raise UsageError("%singlecard --hang-after goes with --ranks N (N ≥ 2), e.g. "
                              "`%singlecard cpu --ranks 2 --hang-after 30`")

@@ -3,15 +3,15 @@
 Only parses, calls the ranks wing and renders. The setting lives per shell with one owner that
 wraps `%run` (the real callable behind IPython's lazy placeholder, as `%inspect all` does; the
 two wrappers compose in either order: each passes through when it has nothing to do) and gives
-it back at `--ranks 1`, `%singlecard off` and `%unload_ext`. Under `%inspect all` the ranks are
-inspected with its options; their records are read back as they are saved, and after the run
-`scn.inspectors()` holds `GPT[rank 0]`, `GPT[rank 1]`, ... and `scn.compare_ranks()` compares
-them.
+it back at `--ranks 1`, `%singlecard off` and `%unload_ext`. Under `%inspect all` (or a Python
+`scn.inspect_all()`) the ranks are inspected with its options; what the cell shows meanwhile is
+ranks_progress's; after the run their records are read back: `scn.inspectors()` holds
+`GPT[rank 0]`, `GPT[rank 1]`, ..., `scn.inspector()` is rank 0's and `scn.compare_ranks()`
+compares them.
 """
 
 from __future__ import annotations
 
-import html
 import os
 import shlex
 import shutil
@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.display import display
 
 from .. import job, session
 from ..borrow import Borrowed
 from . import lazy_magics
+from .ranks_progress import Progress, SideBySide
 
 DEFAULT_HANG_AFTER = 60.0
+MIN_HANG_AFTER = 1.0  # two of the ranks' status beats (ranks/agent.py's INTERVAL, 0.5 s)
+MAX_RANKS = 256  # more is a typo (`--ranks 100000`), not a job one card can hold
 _CLI_FLAGS = {"grads": "--grads", "params": "--params", "trap": "--trap", "memory": "--memory"}
 _CLI_VALUES = {"every": "--every", "max_rows": "--max-rows"}
 _CLI_LISTS = {"include": "--include", "exclude": "--exclude"}
@@ -69,9 +71,22 @@ def configure(shell: Any, ranks: int, hang_after: float | None) -> str:
         setting.ranks, setting.hang_after = ranks, hang_after
     else:
         _settings[id(shell)] = Setting(ranks, hang_after, _wrap_run(shell))
-    return (f"Ranks: {ranks}: the next %run starts the script as {ranks} processes on this "
+    said = (f"Ranks: {ranks}: the next %run starts the script as {ranks} processes on this "
             f"device (RANK, WORLD_SIZE, ... as torchrun sets them); the hang doctor stops them "
             f"after {hang_after:g} s without progress.")
+    cores = _cores()
+    if ranks > cores:
+        said += (f"\nsinglecard_nb: {ranks} ranks on this machine's {cores} CPU cores: they "
+                 f"take turns, so each step takes about {ranks / cores:.1f}× as long as with a "
+                 "core each, and a busy rank may look stalled to the others; see docs/ranks.md.")
+    return said
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (a container's)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def forget(shell: Any) -> None:
@@ -115,9 +130,37 @@ def _program(line: str) -> list[str]:
                          "their own, so %run's options for this process (-i, -d, -t, -p, -e, "
                          "-n) do not apply; accepted: `%run script.py args` or `%run -m "
                          "module args`, or `%singlecard cpu --ranks 1` first.")
-    if not os.path.isfile(words[0]):
-        raise UsageError(f"%run: no such file {words[0]!r} (in {os.getcwd()}).")
+    from IPython.utils.path import get_py_filename
+
+    try:  # as a plain %run finds it: `~` expanded, `.py` added
+        words[0] = get_py_filename(words[0])
+    except OSError:
+        raise UsageError(f"%run: no such file {words[0]!r} (in {os.getcwd()}).") from None
+    _refuse_own_spawn(words[0])
     return words
+
+
+def _refuse_own_spawn(script: str) -> None:
+    """A script that starts its ranks itself (`mp.spawn(main, nprocs=world_size)`): each of N
+    ranks would start the whole job again (every copy rank 0, on one port)."""
+    import ast
+
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return  # the rank says what is wrong with it
+    for node in ast.walk(tree):
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr in ("spawn", "start_processes") \
+                and ast.unparse(func.value).endswith(("mp", "multiprocessing")):
+            name = os.path.basename(script)
+            raise UsageError(
+                f"%run under --ranks: {name} starts its own ranks ({ast.unparse(func)} at "
+                f"{name}:{node.lineno}), so each of the N ranks would start the whole job "
+                "again; run it as written with `%singlecard cpu --ranks 1` (mp.spawn's rank 0 "
+                "runs in this process), or call its worker without mp.spawn under --ranks N "
+                "(docs/ranks.md).")
 
 
 def _target() -> tuple[str, dict[str, str]]:
@@ -138,12 +181,16 @@ def _target() -> tuple[str, dict[str, str]]:
 
 
 def _finder(shell: Any) -> tuple[Any, bool]:
-    """`%inspect all`'s finder (None: off), and whether it asked for the live view."""
+    """`%inspect all`'s finder, or else a Python `scn.inspect_all()` still looking (None:
+    neither), and whether it asked for the live view."""
     magics = shell.magics_manager.registry.get("InspectMagics")
     finder = getattr(magics, "finder", None)
-    if finder is None or not finder.active:
-        return None, False
-    return finder, bool(getattr(magics, "finder_live", False))
+    if finder is not None and finder.active:
+        return finder, bool(getattr(magics, "finder_live", False))
+    from ..inspection.finding.discovery import current
+
+    finder = current()
+    return (finder, False) if finder is not None and finder.active else (None, False)
 
 
 def cli_options(options: dict[str, Any]) -> list[str]:
@@ -163,7 +210,7 @@ def cli_options(options: dict[str, Any]) -> list[str]:
 def run_ranks(shell: Any, line: str, setting: Setting) -> None:
     """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang."""
     __tracebackhide__ = True  # noqa: F841
-    from ..ranks import launch
+    from ..ranks import doctor, launch
     from ..ranks.run import RankJob
 
     program = _program(line)
@@ -175,20 +222,24 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
         options = [*cli_options(finder.options), "--save", os.path.join(folder, "records.db")]
         finder.reset()  # a new run: the previous run's models are forgotten
     ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
-    progress = None if finder is None else (_SideBySide if live else _Progress)(setting.ranks)
-    job.remember_ranks_run("turn `%inspect all --params` on before `%run`, so each rank "
-                           "records its models" if finder is None else None)
-    ended = "stopped"
+    progress = None if finder is None else (SideBySide if live else Progress)(setting.ranks)
+    job.remember_ranks_run("the last `%run` of ranks recorded nothing: turn `%inspect all "
+                           "--params` on before `%run`, so each rank records its models"
+                           if finder is None else None)
+    ended, note = "stopped", None
     try:
         RankJob(ranks, folder, setting.hang_after,
                 on_status=progress.update if progress is not None else None).run()
         ended = "finished"
     finally:
         try:
+            statuses = _statuses(folder, setting.ranks)
+            if ended == "finished" and (note := doctor.never_grouped(statuses)):
+                print(f"singlecard_nb: {note}", flush=True)
             if progress is not None:  # the ranks' last words: their final steps
-                progress.update(_statuses(folder, setting.ranks), ended)
+                progress.update(statuses, ended, note)
             if finder is not None:
-                _read_back(finder, folder)
+                _read_back(finder, folder, statuses, note)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -199,82 +250,31 @@ def _statuses(folder: str, ranks: int) -> dict[int, Any]:
     return {rank: agent.read(folder, rank) for rank in range(ranks)}
 
 
-def _read_back(finder: Any, folder: str) -> None:
+def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
+               note: str | None = None) -> None:
+    """Each rank's models join `scn.inspectors()` (`GPT[rank 1]`, `Sequential#2[rank 1]`: the
+    names the ranks gave them); one job per model is kept for `compare_ranks()`, and rank 0's
+    model is what `scn.inspector()` answers with."""
+    from ..inspection.engine import recorded_elsewhere
+    from ..inspection.runs.record_file import model_part
     from ..inspection.runs.recorded import from_folder
     from ..inspection.runs.records import load
 
-    found = from_folder(folder)
+    named = {model_part(name): name for status in statuses.values()
+             for name in ((status or {}).get("records") or {})}
+    found = {}
+    for key, recorded in from_folder(folder).items():
+        model, _, rank = key.rpartition("[rank ")
+        recorded.name = f"{named.get(model, model)}[rank {rank}"
+        found[recorded.name] = recorded
     finder.adopt(found)
-    if found:
-        job.remember_ranks_run(load([str(r.path) for r in found.values()]))
-    else:
-        job.remember_ranks_run("no rank called a model with parameters")
-
-
-class _Progress:
-    """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
-
-    def __init__(self, ranks: int):
-        from IPython import get_ipython
-
-        from ..inspection.views.live import updates_in_place
-
-        self.ranks = ranks
-        self.handle: Any = None
-        self.updates = 0  # how many times the output was drawn
-        self._last = ""
-        # a terminal IPython prints every update anew: there only the last state is shown
-        shell = get_ipython()
-        self.in_place = shell is None or updates_in_place(shell)
-
-    def update(self, statuses: dict[int, Any], state: str = "running") -> None:
-        models: dict[str, dict[int, int]] = {}
-        for rank, status in statuses.items():
-            for name, steps in ((status or {}).get("records") or {}).items():
-                models.setdefault(name, {})[rank] = steps
-        if not models:
-            return
-        text = "records so far: " + "; ".join(
-            f"{name}: " + " | ".join(f"rank {r} step {by_rank.get(r, 0)}"
-                                     for r in range(self.ranks))
-            for name, by_rank in models.items())
-        self._show({"text/plain": text}, text, final=state != "running")
-
-    def _show(self, bundle: dict[str, str], text: str, final: bool = False) -> None:
-        if text == self._last or not (self.in_place or final):
-            return
-        self._last = text
-        if self.handle is None:
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle.update(bundle, raw=True)
-        self.updates += 1
-
-
-class _SideBySide(_Progress):
-    """Under `%inspect all --live`: the ranks side by side, module by module, ranked by where
-    they disagree, one output updated in place: looked at twice a second, redrawn when a rank
-    sent something new (each sends once a second)."""
-
-    def __init__(self, ranks: int):
-        from ..inspection.runs.side_by_side import SideBySide
-
-        super().__init__(ranks)
-        self.view = SideBySide(ranks)
-        self.error: str | None = None
-
-    def update(self, statuses: dict[int, Any], state: str = "running") -> None:
-        if self.error is not None:
-            return
-        try:
-            if not self.view.feed(statuses) and state == "running":
-                return
-            if not self.view.rows():
-                return
-            bundle = self.view.bundle(state)
-        except Exception as e:  # drawing must never stop the ranks: said once, in the output
-            self.error = f"{type(e).__name__}: {e}"
-            text = (f"ranks side by side: the view failed ({self.error}); the ranks go on, "
-                    "and their records are read back after the run. See docs/ranks.md.")
-            bundle = {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
-        self._show(bundle, bundle["text/plain"], final=state != "running")
+    if not found:
+        job.remember_ranks_run("the last `%run` of ranks recorded nothing: no rank called a "
+                               "model with parameters")
+        return
+    jobs: dict[str, list[str]] = {}
+    for name, recorded in found.items():
+        jobs.setdefault(name.rsplit("[rank ", 1)[0], []).append(str(recorded.path))
+    job.remember_ranks_run({model: load(paths) for model, paths in jobs.items()}, note)
+    rank_0 = [r for r in found.values() if r.rank == 0] or list(found.values())
+    recorded_elsewhere(max(rank_0, key=lambda r: r.steps_recorded))

@@ -5,7 +5,12 @@ pytorch/examples' FSDP2, tensor-parallel and minGPT scripts start with
 Single-card mode answers such questions truthfully (the one pinned card; under `cpu`, as
 `torch.cuda` does: False / 0), because a count that lied would send every loop over devices
 and every world size taken from it to cards that do not exist. So a guard asking for more
-stops the script: the script's own choice. What single-card mode adds is the reason: when
+stops the script: the script's own choice. In a rank of a job of N ranks on the one device
+(`%singlecard cpu --ranks N`, torchrun under single-card mode), the script's own questions are
+answered as N devices would answer them (`device_count()` N, `is_available()` True: each rank
+has its device, all of them the pinned one), said once by rank 0, so a guard that asks for up
+to N passes; torch and the libraries (Lightning, Hugging Face) still get torch's answers, and
+take their own paths. What single-card mode adds to a guard that still fails is the reason: when
 user code calls `sys.exit()` after it asked how many devices there are (and heard fewer than
 two), inside an `if` that reads the answer (the asking function's name, or a device word), a
 notice names the line that asked, the guard's line, the exit's, and what to change. Any other
@@ -15,6 +20,7 @@ exit is left alone.
 from __future__ import annotations
 
 import linecache
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +30,8 @@ import torch
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 
+# torch.cuda's questions about one device, by its index
+_ABOUT_A_DEVICE = ("get_device_name", "get_device_properties", "get_device_capability")
 # (module, function) pairs whose answers a guard reads.
 _QUESTIONS = (("cuda", "device_count"), ("cuda", "is_available"),
               ("accelerator", "device_count"), ("accelerator", "is_available"))
@@ -49,9 +57,10 @@ class _Asked:
 class Guards:
     """Remembers the last device question user code asked; explains an exit that follows."""
 
-    def __init__(self, device: torch.device, notices: Notices) -> None:
+    def __init__(self, device: torch.device, notices: Notices, world: int = 1) -> None:
         self.device = device
         self.notices = notices
+        self.world = world  # N in a rank of N ranks on this one device
         self.asked: _Asked | None = None
 
     def install(self, owner: Borrowed) -> None:
@@ -62,10 +71,35 @@ class Guards:
                 owner.set_attr(module, name, self._asking(original, f"torch.{module_name}.{name}"),
                                "GPU-count guards")
         owner.set_attr(sys, "exit", self._exit(sys.exit), "sys.exit (GPU-count guards)")
+        if self.world > 1 and self.device.type == "cuda":
+            for name in _ABOUT_A_DEVICE:  # device k of the N a rank sees is the pinned card
+                original = getattr(torch.cuda, name, None)
+                if original is not None:
+                    owner.set_attr(torch.cuda, name, self._about_the_card(original),
+                                   "device questions of N ranks on one card")
+
+    def _about_the_card(self, original: Any) -> Any:
+        """`get_device_name(rank)` and the like: device k < N is the pinned card (a loop over
+        the N devices `device_count()` answered reads the one card N times)."""
+        def about(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+            index = getattr(device, "index", device)
+            if isinstance(device, str) and device.startswith("cuda:"):
+                index = int(device[5:]) if device[5:].isdigit() else None
+            if isinstance(index, int) and 0 <= index < self.world:
+                device = self.device
+            return original(device, *args, **kwargs)
+
+        return wrap_like(original, about)
 
     def _asking(self, original: Any, call: str) -> Any:
         def question(*args: Any, **kwargs: Any) -> Any:
             answer = original(*args, **kwargs)
+            if self.world > 1 and _fewer_than(answer, self.world) \
+                    and not _from_torch(frame := sys._getframe(1)):
+                said = self._as_the_ranks_devices(call, answer)
+                code = frame.f_code  # read should the script still exit: it asked for more
+                self.asked = _Asked(call, said, code.co_filename, frame.f_lineno, code.co_name)
+                return said
             if _too_few(answer):
                 frame = sys._getframe(1)
                 if not _from_torch(frame):
@@ -80,6 +114,17 @@ class Guards:
 
         return wrap_like(original, question)
 
+    def _as_the_ranks_devices(self, call: str, answer: Any) -> Any:
+        """What N devices answer (one per rank, all of them the pinned one), said once."""
+        said = self.world if type(answer) is int else True
+        if os.environ.get("RANK", "0") == "0":  # the N ranks say it once, not N times
+            self.notices.say("ranks-devices", lambda: (
+                f"singlecard_nb: {call}() answers {said!r} to the script in each of the "
+                f"{self.world} ranks (one device per rank, all of them {self.device}), so a "
+                f"GPU-count guard asking for up to {self.world} devices passes; torch and the "
+                "libraries still get torch's answers. More: docs/ranks.md."), stacklevel=3)
+        return said
+
     def _exit(self, original: Any) -> Any:
         def exit(status: Any = None) -> None:
             frame = sys._getframe(1)
@@ -92,15 +137,23 @@ class Guards:
                 self.notices.say("guard", lambda: (
                     f"singlecard_nb: sys.exit() at {_where(frame)} after {asked.call}() "
                     f"answered {asked.answer!r} at {asked.where} (`{asked.line}`): the check at "
-                    f"{guard[0]} "
-                    f"(`{guard[1]}`) asks for more devices than {self.device}, the one counted "
-                    "here; skip that check to run as a world of one, or run the ranks a script "
-                    "needs with `%singlecard cpu --ranks N`. More: docs/single-card.md, "
-                    "\"GPU-count guards\"."))
+                    f"{guard[0]} (`{guard[1]}`) asks for more devices than {self._counted()}; "
+                    f"{self._what_to_do()}. More: docs/single-card.md, \"GPU-count guards\"."))
             original(status)
 
         return wrap_like(original, exit)
 
+
+    def _counted(self) -> str:
+        if self.world > 1:
+            return f"the {self.world} of this job (one per rank, all of them {self.device})"
+        return f"{self.device}, the one counted here"
+
+    def _what_to_do(self) -> str:
+        if self.world > 1:  # the ranks ran already: this many were too few
+            return "give `--ranks` the number of devices the script needs"
+        return ("skip that check to run as a world of one, or run the ranks a script needs "
+                "with `%singlecard cpu --ranks N`")
 
     def _if_asserted(self, asked: _Asked) -> None:
         """`assert torch.cuda.is_available()` (timm's `--device cuda`): said before it fails."""
@@ -165,6 +218,10 @@ def _guard(frame: Any, asked: _Asked) -> tuple[str, str] | None:
 
 
 _DEVICE_WORDS = ("device_count", "is_available", "gpu", "GPU")
+
+
+def _fewer_than(answer: Any, world: int) -> bool:
+    return answer is False or (type(answer) is int and answer < world)
 
 
 def _too_few(answer: Any) -> bool:

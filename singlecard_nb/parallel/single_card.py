@@ -116,7 +116,7 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
             cuda_on_cpu.install(owner, device, notices)
             pinned_memory.install(owner, notices)
         accelerator.install(owner, device, notices)
-        Guards(device, notices).install(owner)
+        Guards(device, notices, world=world).install(owner)
         fsdp.install(owner, device, groups, notices, conversions)
         mesh.install(owner, device, notices, conversions)
         spawn.install(owner, notices)

@@ -3,16 +3,20 @@
 A daemon thread samples the main thread's stack every `INTERVAL` seconds (gloo and DDP release
 the GIL while they wait, so the thread runs while the rank is stuck in a collective) and writes
 `rank<k>.json` in the run's folder: the user's own `file:line`, the collective it is in (if
-any), a progress count that moves when the stack or the CPU time moves, what was recorded, and
-the exception if the script raised. Standard library only: it runs before the script.
+any), a progress count that moves when the stack or the CPU time moves, what was recorded, the
+script's last torch.distributed calls (collectives.py), the exception if the script raised, and
+how it left (an exit status and the line of the `sys.exit`). A rank killed in native code (gloo
+aborting on a collective mismatch, a segfault) leaves faulthandler's dump of its stacks in
+`rank<k>.fault`, which `read()` turns into where it was when it died. It runs before the script.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import re
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -20,67 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..borrow import Borrowed
+from .collectives import CollectiveLog
+from .lifeline import TERMINATED, Lifeline
+from .where import frames_of, is_user_file, library_roots, locate, raised_frames
+
 INTERVAL = 0.5  # seconds between samples
 _TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
 _BUSY_CPU = 0.1  # CPU seconds per second of wall time that count as working (10% of a core)
-
-Frame = tuple[str, int, str]  # (file name, line, function), innermost first
-
-
-def _library_roots() -> tuple[str, ...]:
-    import torch
-
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # singlecard_nb
-             os.path.dirname(os.path.abspath(torch.__file__))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.abspath(path))
-    return tuple(sorted(roots, key=len, reverse=True))
-
-
-def is_user_file(filename: str, roots: Sequence[str]) -> bool:
-    """Not torch's, not ours, not the standard library's or an installed package's."""
-    if filename.startswith("<"):  # <frozen runpy>, <string>
-        return False
-    path = os.path.abspath(filename)
-    return not any(path == root or path.startswith(root + os.sep) for root in roots)
-
-
-def _collective(frame: Frame) -> str | None:
-    """The torch.distributed entry a frame is in, named as the user called it."""
-    filename, _, function = frame
-    path = filename.replace(os.sep, "/")
-    if "/torch/distributed/" in path and function not in ("wrapper", "<module>"):
-        return function
-    if path.endswith("/torch/nn/parallel/distributed.py"):
-        return f"DistributedDataParallel.{function}"
-    if "/torch/autograd/" in path and function == "backward":
-        return "backward (DDP's gradient all_reduce)"
-    return None
-
-
-def locate(frames: Sequence[Frame], roots: Sequence[str]) -> dict[str, Any]:
-    """{"where": "file:line" of the innermost user frame, "collective": the torch.distributed
-    call made from it (None: not in one)}; frames innermost first."""
-    for index, frame in enumerate(frames):
-        if is_user_file(frame[0], roots):
-            collective = None
-            for callee in reversed(frames[:index]):  # from the user's call inwards
-                collective = _collective(callee)
-                if collective is not None:
-                    break
-            return {"where": f"{frame[0]}:{frame[1]}", "function": frame[2],
-                    "collective": collective}
-    return {"where": None, "function": None, "collective": None}
-
-
-def frames_of(frame: Any) -> list[Frame]:
-    found = []
-    while frame is not None:
-        found.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
-        frame = frame.f_back
-    return found
 
 
 class Agent:
@@ -92,7 +43,7 @@ class Agent:
         self.rank = rank
         self._clock = clock
         self._main = threading.main_thread().ident
-        self._roots = _library_roots()
+        self._roots = library_roots()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = 0
@@ -101,12 +52,33 @@ class Agent:
         self._periodic: list[Callable[[], dict[str, Any] | None]] = []
         self._lock = threading.Lock()
         self.stopping = False
+        self.lifeline = Lifeline(folder)
+        self.collectives = CollectiveLog(lambda name: is_user_file(name, self._roots))
+        self._owner = Borrowed("the ranks' agent: torch.distributed calls counted")
+        self._fault: Any = None
+        self._formed = False  # a process group was seen: the ranks formed one job
 
     def every_beat(self, fn: Callable[[], dict[str, Any] | None]) -> None:
         """Call `fn` in the agent's thread at each sample; a dict it returns joins the status."""
         self._periodic.append(fn)
 
+    def at_exit(self, work: Callable[[], Any]) -> None:
+        """The rank's last work (its records saved): done once, at the script's end by the
+        main thread (`exit_work()`), or by the agent's thread when SIGTERM finds the main thread
+        stuck in native code (lifeline.py)."""
+        self.lifeline.at_exit(work)
+
+    def exit_work(self) -> Any:
+        return self.lifeline.exit_work()
+
     def start(self) -> Agent:
+        """In the main thread, before the script: SIGTERM ends the script, the rank dies with
+        the notebook, and the status thread starts."""
+        self.lifeline.hold()
+        # a death in native code (gloo's abort, a segfault) still says where the rank was
+        self._fault = open(self.path.with_suffix(".fault"), "w")  # noqa: SIM115 (kept open)
+        faulthandler.enable(file=self._fault, all_threads=True)
+        self.collectives.install(self._owner)
         self._write(self._sample())
         self._thread = threading.Thread(target=self._loop, name="singlecard_nb rank agent",
                                         daemon=True)
@@ -116,14 +88,19 @@ class Agent:
     def raised(self, error: BaseException) -> None:
         """The script raised: said before its traceback is printed, so the first rank to fail
         is known even when the others fail a moment later (their peer went away)."""
-        tb, inner = error.__traceback__, []
-        while tb is not None:  # each frame at the line it raised from, innermost first
-            inner.insert(0, (tb.tb_frame.f_code.co_filename, tb.tb_lineno,
-                             tb.tb_frame.f_code.co_name))
-            tb = tb.tb_next
         self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
-                                 "at": time.time(), **locate(inner, self._roots),
+                                 "at": time.time(),
+                                 **locate(raised_frames(error), self._roots),
                                  "traceback": self._traceback(error)}
+        self._write(self._sample())
+
+    def left(self, status: int, exit: BaseException | None = None) -> None:
+        """The script ended: with `sys.exit(status)` (where it was called) or by running to
+        its end (status 0); said at once, so that the first rank to leave is known."""
+        place: dict[str, Any] = {"where": None, "function": None, "collective": None}
+        if exit is not None:
+            place = locate(raised_frames(exit), self._roots)
+        self._extra["left"] = {"status": status, "at": time.time(), **place}
         self._write(self._sample())
 
     def _traceback(self, error: BaseException) -> str:
@@ -140,17 +117,40 @@ class Agent:
         return "\n".join(line[:300] for line in lines)
 
     def stop(self, status: int) -> None:
+        self.lifeline.exiting.set()  # from here a SIGTERM waits for the exit under way
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * INTERVAL)
         self._extra["exit"] = status
         self.stopping = True  # the last beat: a periodic fn says its last word now
         self._beat()
+        self._owner.restore()
+        faulthandler.disable()
 
     # --- the thread -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(INTERVAL):
-            self._beat()
+            try:
+                self._beat()
+                why = self.lifeline.why_end()
+                if why is not None and not self._stop.is_set():
+                    self.lifeline.end_if_stuck(why, self._last_words)
+            except Exception as e:  # said, never a silent stop the doctor would read as a hang
+                self._failed(e)
+
+    def _failed(self, error: Exception) -> None:
+        said = f"{type(error).__name__}: {error}"[:300]
+        if self._extra.get("agent_error") != said:
+            self._extra["agent_error"] = said
+            print(f"singlecard_nb: rank {self.rank}'s status thread failed ({said}); the hang "
+                  "doctor may not see this rank move.", file=sys.__stderr__, flush=True)
+
+    def _last_words(self, why: str) -> None:
+        """The status of a rank whose main thread never came back to end it (stuck in a
+        collective): it ends here, with SIGTERM's exit status."""
+        self._extra.update({"exit": TERMINATED, "ended": why})
+        self.stopping = True
+        self._beat()
 
     def _beat(self) -> None:
         for fn in self._periodic:
@@ -171,8 +171,10 @@ class Agent:
                 or cpu - self._last[1] > _BUSY_CPU * INTERVAL:
             self._progress += 1
         self._last = (signature, cpu)
+        self._formed = self._formed or self.collectives.count > 0 or _group_formed()
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
-                "time": time.time(), **locate(frames, self._roots), **self._extra}
+                "time": time.time(), **locate(frames, self._roots), "formed": self._formed,
+                "collectives": self.collectives.snapshot(), **self._extra}
 
     def _write(self, status: dict[str, Any]) -> None:
         with self._lock:
@@ -181,9 +183,67 @@ class Agent:
             os.replace(temporary, self.path)  # the notebook never reads half a file
 
 
-def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:
-    """Rank `rank`'s latest status (None before its first)."""
+def _group_formed() -> bool:
+    """Whether this rank is in a process group now (read from the agent's thread too)."""
+    dist = sys.modules.get("torch.distributed")
     try:
-        return json.loads((Path(folder) / f"rank{rank}.json").read_text())
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # a torch half imported, while the script imports it
+        return False
+
+
+class Statuses:
+    """Every rank's latest status, each file read again only when it changed (the notebook
+    looks ten times a second, a rank writes twice)."""
+
+    def __init__(self, folder: str | os.PathLike, ranks: Sequence[int]):
+        self.folder, self.ranks = Path(folder), list(ranks)
+        self._seen: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+
+    def read(self) -> dict[int, dict[str, Any] | None]:
+        for rank in self.ranks:
+            stamp = (_stamp(self.folder / f"rank{rank}.json"),
+                     _stamp(self.folder / f"rank{rank}.fault"))
+            if rank not in self._seen or self._seen[rank][0] != stamp:
+                self._seen[rank] = (stamp, read(self.folder, rank))
+        return {rank: self._seen[rank][1] for rank in self.ranks}
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size  # os.replace gives a new inode
+
+
+def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s latest status (None before its first); with "fault" where the rank died
+    in native code (faulthandler's dump: the error, where its main thread was)."""
+    try:
+        status = json.loads((Path(folder) / f"rank{rank}.json").read_text())
     except (OSError, ValueError):
         return None
+    try:
+        dump = (Path(folder) / f"rank{rank}.fault").read_text(errors="replace")
+    except OSError:
+        dump = ""
+    if dump.strip():
+        status["fault"] = fault(dump)
+    return status
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$', re.MULTILINE)
+
+
+def fault(dump: str) -> dict[str, Any]:
+    """faulthandler's dump as {"error": "Aborted", "where", "function", "collective"} of the main
+    thread (the one `python -m singlecard_nb` started in: runpy at its bottom)."""
+    first = dump.strip().splitlines()[0]
+    error = first.split(":", 1)[1].strip() if first.startswith("Fatal Python error:") else first
+    blocks = [_FRAME.findall(block) for block in _THREAD.split(dump)[1:]]
+    frames = [[(f, int(line), fn) for f, line, fn in block] for block in blocks]
+    main = next((b for b in frames if any(fn == "_run_module_as_main" for _, _, fn in b)),
+                frames[0] if frames else [])
+    return {"error": error[:200], **locate(main, library_roots())}

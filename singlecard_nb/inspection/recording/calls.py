@@ -35,6 +35,12 @@ _THREADS = ("the model was called from two threads at once: calls made while ano
 _UNSEEN = object()  # on_forward called without an output (see there)
 
 
+def step_clock() -> int:
+    """A tick of the clock steps begin by: a model recorded in another process (a rank's)
+    is placed on it as it is read back, so `inspector()` knows which came last."""
+    return next(_STEP_CLOCK)
+
+
 class CallTracker:
     """Opens and closes calls of the model, begins steps (`every`), and routes module calls.
 

@@ -62,8 +62,30 @@ def _last_ranks_run():
                          "`%run` under `%singlecard cpu --ranks N`, and none has run in this "
                          "process; give an Inspector, a frame or a path of saved records.")
     if isinstance(last, str):
-        raise ValueError(f"compare_ranks(): the last `%run` of ranks recorded nothing: {last}")
+        raise ValueError(f"compare_ranks(): {last}")
     return last
+
+
+def _model_of_last_run(x):
+    """{model: frame} of the last `%run` of N ranks: the one model's frame, or the model `x`
+    names; a frame, path or Inspector as it is."""
+    import os
+
+    if isinstance(x, dict):
+        if len(x) == 1:
+            return next(iter(x.values()))
+        raise ValueError(f"compare_ranks(): the last `%run` of ranks recorded {len(x)} models "
+                         f"({', '.join(x)}): name one, e.g. compare_ranks({next(iter(x))!r}).")
+    if isinstance(x, str) and not os.path.exists(x) and not any(c in x for c in "*?[/"):
+        from ...job import last_ranks_run
+
+        last = last_ranks_run()
+        if isinstance(last, dict) and x in last:
+            return last[x]
+        if isinstance(last, dict):
+            raise ValueError(f"compare_ranks({x!r}): no such file, and the last `%run` of "
+                             f"ranks recorded {', '.join(last)}, not {x!r}.")
+    return x
 
 
 def compare(a, b, stats=("mean", "std", "absmax"), rtol: float = 1e-3,
@@ -198,7 +220,13 @@ class RankComparison:
         rank = self.first.rank if self.first is not None else next(iter(self.pairs))
         return self.pairs[rank].plot(stat)
 
+    caveat: str | None = None  # said first: the ranks never formed a process group
+
     def _headline(self) -> str:
+        headline = self._verdict()
+        return f"{self.caveat[0].upper()}{self.caveat[1:]} {headline}" if self.caveat else headline
+
+    def _verdict(self) -> str:
         if not self.pairs:
             return "one rank only: nothing to compare"
         if self.first is None and not any(c.counts[COMPARED] for c in self.pairs.values()):
@@ -251,7 +279,8 @@ def compare_ranks(x=None, stats=("mean", "std", "absmax"), rtol: float = 1e-6,
 
     x: an Inspector (in a job, a collective: every rank gathers all ranks' rows and gets the
         same answer), a frame with several ranks, or a path / glob of saved records; none: the
-        ranks of the last `%run` under `%singlecard cpu --ranks N` (docs/ranks.md).
+        ranks of the last `%run` under `%singlecard cpu --ranks N` (docs/ranks.md), or the
+        name of one of its models (`"Generator"`) when it recorded several.
     rtol, atol: tighter than compare()'s. DDP gives every rank the same all-reduced gradient and
         the same arithmetic, so its parameters agree bit for bit; 1e-6 leaves room only for
         nondeterministic GPU kernels, and finds a 0.1% update one rank made on its own.
@@ -262,10 +291,19 @@ def compare_ranks(x=None, stats=("mean", "std", "absmax"), rtol: float = 1e-6,
     """
     import pandas as pd
 
-    if x is None:
-        x = _last_ranks_run()
+    from ...job import last_ranks_note
+
+    given = x
+    x = _model_of_last_run(_last_ranks_run() if x is None else x)
+    caveat = last_ranks_note() if given is None or x is not given else None
     if not isinstance(x, pd.DataFrame) and callable(getattr(x, "frame", None)):
         frame = x.frame(ranks="all")
     else:
         frame = as_frame(x)
-    return RankComparison(frame, stats, rtol, atol, inputs)
+    if not len(frame):
+        raise ValueError("compare_ranks(): these records hold no rows (no step was recorded), "
+                         "so there is nothing to compare across ranks; inspect the model with "
+                         "params=True and run a step first.")
+    comparison = RankComparison(frame, stats, rtol, atol, inputs)
+    comparison.caveat = caveat
+    return comparison

@@ -42,6 +42,12 @@ SQL_TYPES = {"int": "INTEGER", "Int": "INTEGER", "uint": "INTEGER", "UInt": "INT
               "bool": "INTEGER", "boolean": "INTEGER", "float": "REAL", "Float": "REAL"}
 
 
+def model_part(name: str) -> str:
+    """A model's name as part of a file name (`run.<part>.db`): a class named `a/b` or `T{x}`
+    saves too; a second instance's `Linear#2` is `Linear-2`."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+
+
 def quoted(name: Any) -> str:
     return '"' + str(name).replace('"', '""') + '"'
 
