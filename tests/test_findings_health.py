@@ -51,3 +51,20 @@ def test_the_terminal_says_nothing_stands_out_for_healthy_scripts():
         assert printed == in_process  # what run_job reads is what the terminal prints
         for line in printed:
             assert NOTHING in line, f"{job}: {done.stderr}"
+
+
+def test_every_rank_of_a_healthy_ddp_job_says_nothing_stands_out():
+    """The DDP script as torchrun runs it, two ranks on the CPU: each rank's exit line, and the
+    ranks' statistics of what DDP keeps equal (parameters, all-reduced gradients) agree."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "singlecard_nb", "--device", "cpu", "--inspect", "--grads", "--params",
+         str(HEALTHY["healthy_ddp"]), "--steps", "40"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    printed = re.findall(r"^.*singlecard_nb: .*? steps recorded; .*$", done.stderr, re.M)
+    assert len(printed) == 2, done.stderr[-3000:]  # one line per rank
+    for line in printed:
+        assert NOTHING in line, done.stderr[-3000:]

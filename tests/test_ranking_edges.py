@@ -23,13 +23,19 @@ def _wide_tracks(features: int) -> Tracks:
     return tracks
 
 
+# The bounds: well under a second each on a quiet machine (measured: 0.3 s for 100 000
+# features); 10x that leaves room for a loaded CI box, and a quadratic rule (14 s for 4 096
+# features, hours for 100 000) still fails by orders of magnitude.
+BOUND = 10.0
+
+
 def test_the_channel_rule_is_fast_on_100_000_features_and_still_finds_the_odd_one():
     for features in (4096, 100_000):
         tracks = _wide_tracks(features)
         began = time.perf_counter()
         rows = assess(tracks)
         took = time.perf_counter() - began
-        assert took < 1.0, f"{features} features: {took:.2f} s"
+        assert took < BOUND, f"{features} features: {took:.2f} s"
         assert any(r.why.startswith(f"feature {features // 2} ") for r in rows)
 
 
@@ -41,7 +47,7 @@ def test_findings_and_summary_of_a_model_fed_4096_features_take_under_a_second()
     began = time.perf_counter()
     insp.findings()
     repr(insp.summary())
-    assert time.perf_counter() - began < 1.0
+    assert time.perf_counter() - began < BOUND / 2
 
 
 def test_a_large_gradient_is_never_called_vanishing():
@@ -52,3 +58,24 @@ def test_a_large_gradient_is_never_called_vanishing():
             tracks.add_row("param_grad", step, f"layer{i}", "Linear", 0, "weight", (8, 8),
                            "float32", 0.0, size / 3, size, 0, 0, 0.0)
     assert not any("vanishing" in r.why for r in assess(tracks))
+
+
+def test_summary_top_n_spends_one_row_per_tensor():
+    # nanoGPT's healthy summary(top=5) spent its rows on one tensor: c_proj in training, c_proj
+    # in eval, then the modules returning that very output
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(),
+                          nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)))
+    with scn.inspect(model) as insp:
+        model(torch.randn(8, 4))
+        model.eval()
+        model(torch.randn(8, 4))
+    whole = insp.summary().frame
+    assert len(whole) > len(set(whole["module"]))  # eval rows and folded modules are there
+    top = insp.summary(top=5).frame  # three tensors: 0, 1 and 2.0 (which 2.1, 2 and the model return)
+    assert len(top) == len(set(top["module"])) == 3
+    assert not any(why.startswith("same output as") for why in top["why"])
+    # the modules that return 2.0's output are said on its row
+    row = top[top["module"] == "2.0"]
+    assert len(row) == 1 and "also the output of" in row["why"].iloc[0]
+    assert "2.1" in row["why"].iloc[0] and "(root)" in row["why"].iloc[0]

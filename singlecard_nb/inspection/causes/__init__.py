@@ -33,6 +33,8 @@ def assess(tracks: Tracks) -> list[Row]:
     rows += inputs.assess(tracks.inputs, tracks.channels)
     rows += params.assess(tracks.params, tracks.updates)
     rows += grads.assess(tracks.grads or tracks.step_grads)
+    rows += grads.against_weights(tracks.grads or tracks.step_grads, tracks.params,
+                                  tracks.updates, {r.path for r in rows if r.kind == "grad"})
     rows += grads.clipped(tracks.step_grads, tracks.grads, tracks.scaled)
     rows += learning.assess(tracks)
     rows += loss.assess(tracks)

@@ -14,6 +14,9 @@ VANISHED = 1e4  # this many times below the median gradient of the step: vanishi
 VANISHED_ABOVE = 1e-3  # ... and smaller than this: a gradient of 1e+12 never vanishes
 EXPLODED = 1e3  # this many times the lower quartile of the step's gradients ...
 LARGE = 10.0  # ... and elements this large: exploding (a deep stack's healthy top is not)
+BIG_GRADIENT = 100.0  # a gradient this large, whose step then changed its weights by ...
+REPLACED = 0.5  # ... this share of their size: exploding (word_language_model's healthy
+# decoder moves by 0.75 of itself at lr 20, with gradients clipped to a norm of 0.25)
 CLIPPED_STEPS = 3  # a total norm the same at this many steps in a row ...
 CLIPPED_SPREAD = 1e-3  # ... within 0.1 % (clip_grad_norm_ gives max_norm to ~1e-6) ...
 CLIPPED_TINY = 1e-3  # ... and this small: every update is (nearly) nothing
@@ -60,6 +63,39 @@ def assess(grads: dict[str, Track]) -> list[Row]:
                 "activations (sigmoid, tanh) or depth without residual connections or "
                 "normalisation", since=_since(t, typical / VANISHED, below=True), phase=BACKWARD))
     return _merged(rows, _exploding(live))
+
+
+def against_weights(grads: dict[str, Track], params: dict[str, Track],
+                    updates: dict[str, Track], shown: set[str]) -> list[Row]:
+    """One row for the first weight matrix whose gradient, at some step, was at least
+    BIG_GRADIENT and whose optimiser step then changed it by REPLACED or more of its size: the
+    update (lr × gradient) dwarfed the weights (a recurrent weight initialised too large, no
+    clipping). Every gradient can be that large at once, when none stands out against the
+    others (`_exploding`'s rule). `shown`: paths that already have a gradient row."""
+    rows = []
+    for path, grad in grads.items():
+        param, update = params.get(path), updates.get(path)
+        if path in shown or param is None or update is None or not isinstance(
+                param.shape, (tuple, list)) or len(param.shape) < 2:
+            continue
+        sizes = {p[0]: p[2] for p in param.trail.all()}
+        moved = {p[0]: p[2] for p in update.trail.all()}
+        for step, absmax, _ in grad.trail.all():
+            weights, delta = sizes.get(step), moved.get(step)
+            if not weights or delta is None or not BIG_GRADIENT <= absmax < math.inf:
+                continue
+            if delta >= REPLACED * weights:
+                rows.append(row_of(
+                    grad, MOVING, math.log(absmax),
+                    f"exploding gradient at step {step}: absmax {num(absmax)}, and the "
+                    f"optimiser step then changed the weights by {delta / weights:.0%} of their "
+                    "size (|Δw|/|w|): the update (lr × gradient) dwarfed them; clip gradients "
+                    "(clip_grad_norm_), or initialise the weights smaller (a recurrent weight: "
+                    "orthogonal, or std 1/√hidden)", since=step, phase=BACKWARD))
+                break
+    if rows:  # one row: the first to explode, the largest of that step
+        rows = [min(rows, key=lambda r: (r.since, -r.score))]
+    return rows
 
 
 def _merged(rows: list[Row], exploded: list[Row]) -> list[Row]:

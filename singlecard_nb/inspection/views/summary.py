@@ -57,7 +57,7 @@ class Summary:
         self.total = len(table)
         if not table.empty:
             table = _ranked(table, ranking.Tracks.from_frame(frame))
-        self.frame = table if top is None else table.head(top)
+        self.frame = table if top is None else _leaders(table).head(top)
         self.notes = list(inspector.notes)  # what could not be recorded as asked
         # the ranking over every series, causes first: what to look at before the table
         self.findings = inspector.findings(FINDINGS) if hasattr(inspector, "findings") else []
@@ -107,6 +107,23 @@ def _ranked(table, tracks: ranking.Tracks):
     first = [c for c in SHOWN if c in table.columns]
     return table[first + [c for c in table.columns if c not in first and c != "_order"]] \
         .reset_index(drop=True)
+
+
+def _leaders(table):
+    """The table as `top` counts it: one row per tensor. A module whose output is another's
+    ("same output as h.0.mlp") is said on that one's row instead of taking a row of its own,
+    and a module's eval row follows its training row only in the whole table."""
+    if table.empty:
+        return table
+    folded = table["why"].str.startswith("same output as ")
+    same: dict[str, list[str]] = {}
+    for module, why in zip(table["module"][folded], table["why"][folded]):
+        same.setdefault(why.removeprefix("same output as "), []).append(module or "(root)")
+    leaders = table[~folded & ~table.duplicated("module", keep="first")].copy()
+    also = [same.get(m or "(root)") for m in leaders["module"]]
+    leaders["why"] = [(f"{why}; " if why else "") + f"also the output of {', '.join(a)}"
+                      if a else why for why, a in zip(leaders["why"], also)]
+    return leaders
 
 
 def findings_text(rows: list) -> str:
