@@ -47,10 +47,33 @@ class NonFiniteError(RuntimeError):
                       False: " Its inputs already held NaN/Inf.", None: ""}[inputs_finite]
             if inputs_finite and dtype in ("float16", "bfloat16") and inf:
                 origin += f" It computes in {dtype}: a {dtype} overflow."
+        if io == "loss":  # what loss.backward() was called on: no module computed it
+            ops = cause.split(" ← ") if cause else []
+            last = f" Its last operations: {cause}: {loss_hint(ops)}." if cause else ""
+            first = f" Likeliest cause, begun before it: {prior}." if prior else ""
+            super().__init__(f"{nan} NaN and {inf} Inf in the loss (what loss.backward() was "
+                             f"called on) at step {step}.{last}{first} {rows_hint}")
+            return
         super().__init__(
             f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
             f"call {call}.{origin} {rows_hint}"
         )
+
+
+def loss_hint(ops: list[str]) -> str:
+    """What made a loss non-finite, from its last autograd operations (loss first): an
+    operation is named only when it ran."""
+    first = ops[:6]
+    if any(op.startswith("Log") and op != "LogSoftmax" for op in first):
+        return ("a log of 0 (or of a negative number) in the loss: clamp what goes into the log "
+                "(p.clamp_min(1e-12)) or compute the loss from logits (F.cross_entropy, "
+                "F.binary_cross_entropy_with_logits, log_softmax)")
+    if any(op.startswith(("Sqrt", "Pow")) for op in first):
+        return ("a sqrt or power in the loss: of 0 or a negative number, or of values so large "
+                "the result overflowed")
+    if any(op.startswith("Div") for op in first):
+        return "a division by ~0 in the loss"
+    return "the values it was computed from were not finite, or overflowed in it"
 
 
 # Where the trap's message says the rows are: the terminal form (cli/at_exit.py) says its --save file.

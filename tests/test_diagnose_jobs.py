@@ -211,6 +211,9 @@ def _train(model, optimizer, steps=200):
 
 def test_trap_and_explanation_agree_when_the_weights_are_already_nan():
     model, optimizer = _diverging()
+    _train(model, optimizer, steps=3)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")  # corrupted, as by an earlier step
     with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True):
         _train(model, optimizer)
     message = str(caught.value)
@@ -218,16 +221,34 @@ def test_trap_and_explanation_agree_when_the_weights_are_already_nan():
     assert "in its own" in scn.explain(caught.value).hint  # the explanation says the same
 
 
-def test_with_params_the_trap_stops_at_the_step_and_names_the_first_parameter_that_grew():
+def test_a_diverging_run_traps_at_its_loss_and_names_the_parameter_that_grew_first():
+    # SGD at lr 50: the weights grow, the squared output overflows in the loss (computed
+    # outside any module) before any module's output or gradient is non-finite
     model, optimizer = _diverging()
     with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True, params=True):
         _train(model, optimizer)
     error = caught.value
-    assert error.io == "param" and "The optimiser step made it non-finite" in str(error)
-    assert "the first parameter to go wrong was" in str(error)
+    assert error.io == "loss", error
+    message = str(error)
+    assert "Inf in the loss (what loss.backward() was called on)" in message
+    assert "Its last operations: Mean ← Pow" in message
+    # the cause that began before it comes first, in the message and in the explanation
+    assert "Likeliest cause, begun before it:" in message and "(param)" in message
     hint = scn.explain(error).hint
-    assert "after the optimiser step of step" in hint
-    assert "the first parameter to go wrong was" in hint
+    assert hint.startswith("Likeliest cause, begun before the trap: ") and "RMS" in hint
+    assert "The loss held" in hint and "a sqrt or power in the loss" in hint
+
+
+def test_with_params_the_trap_stops_at_the_optimiser_step_that_made_a_parameter_nan():
+    model, optimizer = _diverging(lr=0.1)
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True, params=True):
+        _train(model, optimizer, steps=3)
+        optimizer.param_groups[0]["lr"] = float("inf")  # the update, not the loss, is infinite
+        _train(model, optimizer, steps=1)
+    error = caught.value
+    assert error.io == "param" and "The optimiser step made it non-finite" in str(error)
+    hint = scn.explain(error).hint
+    assert "after the optimiser step of step 3" in hint
 
 
 def _job(monkeypatch, odd: int | None, ranks: int, evaluate_on_rank_0: bool = False):
@@ -420,3 +441,23 @@ def test_amp_clipping_before_unscale_is_named_first_on_the_terminal(capsys):
                             "stepped with have the same total norm 1.5e-05"), first
     assert "a loss scale of 65536" in first and "backward's were 10^10× larger" in first
     assert "scaler.unscale_(optimizer) before clipping" in first
+
+
+def test_a_loss_computed_outside_any_module_traps_at_its_step_with_the_log_that_made_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Softmax(dim=-1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    target = nn.functional.one_hot(torch.tensor([0, 1]), 3).float()
+    with pytest.raises(NonFiniteError) as caught, scn.inspect(model, trap=True):
+        for step in range(3):
+            probs = model(torch.randn(2, 4))
+            if step == 2:
+                probs = probs * torch.tensor([0.0, 1.0, 1.0])  # a probability of exactly 0
+            loss = -(target * probs.log()).sum()  # 0 × log 0: NaN, in no module
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    error = caught.value
+    assert error.io == "loss" and error.step == 2
+    assert "a log of 0" in str(error) and "Log" in error.cause
+    assert scn.explain(error).hint.startswith("The loss held 1 NaN at step 2")

@@ -73,6 +73,8 @@ EXPECTED = {
     # a cause before a trap: the trap's explanation names it first
     "bug_trap_after_lr_group": (None, ["head", ("lr", "learning rate"), "100×",
                                        "param group"]),
+    # Karpathy's recipe: verify the loss at init (log(classes) for a uniform guess)
+    "bug_logits_too_large_at_init": ("loss (", [("log(10)", "uniform"), "init"]),
     # SageMaker: loss_not_decreasing
     "bug_loss_not_decreasing": (None, ["loss", ("not decreas", "does not decrease",
                                                 "never decrease", "stuck", "flat")]),

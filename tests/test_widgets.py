@@ -317,7 +317,9 @@ def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
     final = handle.bundles[-1]
     assert "step 59" in final["text/html"] and "stopped" in final["text/html"]
     assert "step 59" in final["text/plain"]
-    assert final["text/html"].count("<tr class='singlecard-live-row") == 3
+    # three modules, and the model's input, whose NaN at step 55 is where it entered
+    assert final["text/html"].count("<tr class='singlecard-live-row") == 4
+    assert "held NaN ×1 Inf ×0 at step 55 (finite again at step 59)" in final["text/html"]
     assert ">16<" not in final["text/html"] and ">5×16<" in final["text/html"]
     # the NaN of step 55 is gone by step 59, but its history shows in the sparkline ("·")
     assert "·" in final["text/html"]

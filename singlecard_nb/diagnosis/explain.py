@@ -20,7 +20,7 @@ import re
 import sys
 
 from .. import theme
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, loss_hint
 from ..job import place
 from . import hints
 from .calls import (
@@ -288,6 +288,16 @@ def _from_non_finite_attributes(exc: NonFiniteError) -> Explanation:
         values = {exc.index: "".join(f" {word}!" + (f"×{n}" if n > 1 else "") for word, n in
                                      (("nan", exc.nan), ("inf", exc.inf)) if n).strip()}
     unknown = "not on the stack: the trap fired in backward, where no call of the module runs"
+    if exc.io == "loss":  # what loss.backward() was called on: computed outside any module
+        ops = cause.split(" ← ") if cause else []
+        return Explanation(
+            module="", module_type="loss", chain=[], inputs=[], params=[],
+            no_params="none: the loss is computed outside any module",
+            exception=_headline(exc), rank=_rank(),
+            hint=(f"The loss held {counts(exc.nan, exc.inf)} at step {exc.step}, when "
+                  f"loss.backward() was called on it" + (f" (its last operations: {cause})"
+                                                         if cause else "")
+                  + f": {loss_hint(ops)}"))
     if exc.io in ("param", "update"):  # params=True: the optimiser step made it non-finite
         return Explanation(
             module=exc.module, module_type=exc.module_type,

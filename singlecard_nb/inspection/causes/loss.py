@@ -1,7 +1,8 @@
 """Rules on the loss itself (what `loss.backward()` was called on, from `recording/losses.py`):
 a non-finite loss at the step it happened, with the operation that made it; a loss that never
 decreases (SageMaker Debugger's loss_not_decreasing); a regression loss that starts far from
-unit scale (its targets); a cross-entropy taken of a softmax's output (softmax twice).
+unit scale (its targets); a cross-entropy taken of a softmax's output (softmax twice); a
+cross-entropy that starts far above log(classes) (the loss at init, Karpathy's recipe).
 
 The loss's last autograd operations (`NllLoss ← LogSoftmax ← Softmax ← Addmm`) are what the words
 rest on: an operation is named only when it ran. A loss two inspected models share (a GAN's) or
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ...errors import loss_hint
 from .rows import BACKWARD, FORWARD, INPUTS, NONFINITE, OUTLIER, Row
 from .series import Tracks, num
 
@@ -19,11 +21,12 @@ FLAT_STEPS = 100  # losses before "did not decrease" may be said
 FLAT = 0.95  # the last tenth's mean at least this share of the first tenth's: not decreasing
 REGRESSION = ("MseLoss", "L1Loss", "SmoothL1Loss", "HuberLoss")
 FAR_LOSS = 1e4  # a regression loss this large at its first step: far from unit scale
+INIT_LOSS = 3.0  # a cross-entropy's first loss this many times log(classes): logits too large
 
 
 def assess(tracks: Tracks) -> list[Row]:
     rows = []
-    for rule in (non_finite, double_softmax, regression_scale, not_decreasing):
+    for rule in (non_finite, double_softmax, regression_scale, loss_at_init, not_decreasing):
         row = rule(tracks)
         if row is not None:
             rows.append(row)
@@ -53,17 +56,7 @@ def non_finite(tracks: Tracks) -> Row | None:
     before = [v for s, v in tracks.losses if s < step and math.isfinite(v)]
     what = "NaN" if value != value else "Inf"
     ops = tracks.loss_ops
-    first = ops[:6]
-    if any(op.startswith("Log") and op != "LogSoftmax" for op in first):
-        hint = ("a log of 0 (or of a negative number) in the loss: clamp what goes into the log "
-                "(p.clamp_min(1e-12)) or compute the loss from logits (F.cross_entropy, "
-                "F.binary_cross_entropy_with_logits, log_softmax)")
-    elif any(op.startswith(("Sqrt", "Pow")) for op in first):
-        hint = "a sqrt (or power) of 0 or of a negative number in the loss"
-    elif any(op.startswith("Div") for op in first):
-        hint = "a division by ~0 in the loss"
-    else:
-        hint = "the values it was computed from were not finite, or overflowed in it"
+    hint = loss_hint(ops)
     was = f" (finite before: {num(before[-1])})" if before else ""
     why = (f"the loss was {what} at step {step}{was}; its last operations {_chain(ops)}: {hint}")
     return _row(why, NONFINITE, step, BACKWARD, 1e9, tracks)
@@ -103,6 +96,29 @@ def regression_scale(tracks: Tracks) -> Row | None:
            "targets are far from unit scale and the gradients are that large; standardise "
            "the regression targets (and scale the predictions back)")
     return _row(why, OUTLIER, step, INPUTS, math.log(value), tracks)
+
+
+def loss_at_init(tracks: Tracks) -> Row | None:
+    """A cross-entropy's first loss far above a uniform guess's, log(classes): the logits start
+    far from 0, the last layer initialised too large (Karpathy's recipe: verify the loss at
+    init). Read when the model's output is the loss's input (its last dimension the classes)."""
+    ops = tracks.loss_ops
+    root = tracks.by_path.get("")
+    if ops[:2] != ["NllLoss", "LogSoftmax"] or not tracks.losses or root is None:
+        return None
+    shape = root.shape
+    classes = shape[-1] if isinstance(shape, (tuple, list)) and shape else 0
+    step, value = tracks.losses[0]
+    if not isinstance(classes, int) or classes < 2 or not math.isfinite(value):
+        return None
+    uniform = math.log(classes)
+    if value < INIT_LOSS * uniform:
+        return None
+    why = (f"the loss starts at {num(value)} (step {step}), {value / uniform:.3g}× a uniform "
+           f"guess's log({classes}) = {num(uniform)}: the logits start far from 0, so the "
+           "first steps only shrink them; initialise the last layer smaller (or zero its "
+           "weights), and check the loss at init")
+    return _row(why, OUTLIER, step, FORWARD, math.log(value / uniform), tracks)
 
 
 def not_decreasing(tracks: Tracks) -> Row | None:

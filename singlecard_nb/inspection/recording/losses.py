@@ -44,13 +44,13 @@ class _Backwards(Listeners):
 
         def backward(self_, *args, **kwargs):
             __tracebackhide__ = TRAP_FRAME  # the trap of a non-finite loss passes through
-            if self.listeners and self_.numel() == 1 and self_.requires_grad:
-                try:
+            try:
+                if self.listeners and self_.numel() == 1 and self_.requires_grad:
                     offer(self_)
-                except NonFiniteError as trapped:
-                    without_our_frames(trapped)
-                    raise
-            return original(self_, *args, **kwargs)
+                return original(self_, *args, **kwargs)
+            except NonFiniteError as trapped:  # ours, or a gradient's trap: raised as torch's
+                without_our_frames(trapped)
+                raise
 
         def offer(loss: torch.Tensor) -> None:
             __tracebackhide__ = TRAP_FRAME
