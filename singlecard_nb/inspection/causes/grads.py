@@ -49,7 +49,8 @@ def assess(grads: dict[str, Track]) -> list[Row]:
         # against the step's median gradient, not its largest (one exploding gradient would
         # make every other one "vanishing"), never of a large gradient, and not of one that
         # was larger before (a layer settling is not a layer that never learned)
-        first = next((p[1] for p in t.trail.all() if 0 < p[1] < math.inf), entry[ABSMAX])
+        start = t.trail.first()
+        first = start[1] if start is not None and 0 < start[1] < math.inf else entry[ABSMAX]
         # of weight matrices only: a bias before a normalisation gets ~0 by design (BatchNorm
         # takes out any constant), which is harmless
         matrix = isinstance(t.shape, (tuple, list)) and len(t.shape) >= 2
@@ -75,6 +76,8 @@ def against_weights(grads: dict[str, Track], params: dict[str, Track],
     rows = []
     for path, grad in grads.items():
         param, update = params.get(path), updates.get(path)
+        if grad.largest < BIG_GRADIENT:  # the usual case, at once
+            continue
         if path in shown or param is None or update is None or not isinstance(
                 param.shape, (tuple, list)) or len(param.shape) < 2:
             continue

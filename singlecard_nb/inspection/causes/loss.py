@@ -87,7 +87,8 @@ def regression_scale(tracks: Tracks) -> Row | None:
     if not math.isfinite(value) or value < FAR_LOSS:
         return None
     root = tracks.by_path.get("")
-    output = root.trail.all()[0][1] if root is not None and root.trail.all() else math.nan
+    start = root.trail.first() if root is not None else None
+    output = start[1] if start is not None else math.nan
     typical = math.sqrt(value) if ops[0] == "MseLoss" else value  # |y - ŷ| it implies
     if not output < typical / 10:
         return None  # the model's own output is that large: not the targets alone

@@ -81,20 +81,20 @@ def movement(t: Track) -> tuple[float, str]:
     training moves activations a lot (logits of a fresh head grow ×40 as it learns, a layer
     leaves its init scale during warm-up): only an explosion is a finding; its cause is what the
     parameter, gradient and input rules name."""
-    points = [(p[0], p[1]) for p in t.trail.all() if 0 < p[1] < math.inf]
-    if len(points) < 2:
+    first, last = t.trail.first(), t.trail.last()
+    if first is None or first is last or not 0 < first[1] < math.inf:
         return 0.0, ""
-    (s0, v0), (s1, v1) = points[0], points[-1]
-    if v1 < LARGE_ACTIVATION:
+    (s0, v0), (s1, v1) = first[:2], last[:2]
+    if not LARGE_ACTIVATION <= v1 < math.inf:
         return 0.0, ""
-    recent = [v for _, v in points[-WINDOW - 1:-1]]
+    recent = [e[ABSMAX] for e in list(t.entries)[-WINDOW - 1:-1] if 0 < e[ABSMAX] < math.inf]
     # differences of logs: a quotient of float64 extremes overflows (or underflows to 0)
     jump = math.log(v1) - math.log(median(recent)) if recent else 0.0
     trend = math.log(v1) - math.log(v0)
     if jump >= math.log(EXPLODING) and jump >= trend:
         return jump, f"absmax jumped {ratio_text(jump)} at step {s1} (to {num(v1)})"
     if trend >= math.log(EXPLODING):
-        onset = next(s for s, v in points if v >= v0 * EXPLODING ** 0.5)
+        onset = next(p[0] for p in t.trail.all() if p[1] >= v0 * EXPLODING ** 0.5)
         return trend, (f"absmax {ratio_text(trend)} since step {s0} (to {num(v1)}, growing "
                        f"from step {onset}): the activations are exploding")
     return 0.0, ""
@@ -141,7 +141,7 @@ def depth_growth(live: list[Track]) -> list[Row]:
         if len(members) < 3 or len({n for n, _ in members}) < len(members):
             continue
         members.sort(key=lambda m: m[0])
-        firsts = [m[1].trail.all()[0] for m in members]
+        firsts = [m[1].trail.first() for m in members]
         if len({p[0] for p in firsts}) != 1:
             continue  # they did not all run at one step: no depth to read
         values = [p[1] for p in firsts]

@@ -112,6 +112,12 @@ def _growth(t: Track, before: int | None = None, shrinking: bool = False,
     """(RMS latest ÷ first, the first step, the step growth began) when grown ×`least` (over the
     steps before `before`, when given); shrinking: (first ÷ latest, ...) when shrunk ÷SHRUNK.
     Read from the whole run's trail: "from step N" is true of a 10 000-step run."""
+    ends = t.trail.first(), t.trail.last()
+    if before is None and None not in ends and ends[0] is not ends[1] and all(
+            0 < e[2] < math.inf for e in ends):  # the usual case, read in O(1): no growth
+        ratio = ends[1][2] / ends[0][2]
+        if (ratio < least) if not shrinking else (ratio * SHRUNK > 1):
+            return None
     sized = [(p[0], p[2]) for p in t.trail.all() if before is None or p[0] < before]
     sized = [(s, r) for s, r in sized if r > 0 and math.isfinite(r)]
     if len(sized) < 2:

@@ -64,8 +64,20 @@ class Trail:
             last[1] = nanmax(last[1], absmax)
 
     def all(self) -> list[list]:
-        """Every point, oldest first: [step, absmax, rms]."""
+        """Every point, oldest first: [step, absmax, rms] (a copy: read it when a rule has
+        found something; `first` and `last` are what every ranking reads)."""
         return self.points + ([self._open[:3]] if self._open is not None else [])
+
+    def first(self) -> list | None:
+        """The first point, [step, absmax, rms], or None (what the first step was, kept)."""
+        if self.points:
+            return self.points[0]
+        return self._open[:3] if self._open is not None else None
+
+    def last(self) -> list | None:
+        if self._open is not None:
+            return self._open[:3]
+        return self.points[-1] if self.points else None
 
 
 @dataclass
