@@ -53,7 +53,7 @@ def test_a_dead_relu_points_at_the_linear_whose_bias_kills_it(capsys):
     assert status == 0  # nothing is NaN: the report is printed all the same
     lines = err[err.index("findings, likeliest cause first:"):].splitlines()
     assert lines[1].startswith("  1. fc1 (output): every output ≤ 0")
-    assert "its bias: mean -10" in lines[1] and "act (ReLU)" in lines[1]
+    assert "its bias (mean -10, absmax 10) does it" in lines[1] and "act (ReLU)" in lines[1]
     assert lines[2].startswith("  2. act (output): dead: 100.0% zeros, because fc1")
 
 

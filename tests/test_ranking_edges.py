@@ -79,3 +79,21 @@ def test_summary_top_n_spends_one_row_per_tensor():
     row = top[top["module"] == "2.0"]
     assert len(row) == 1 and "also the output of" in row["why"].iloc[0]
     assert "2.1" in row["why"].iloc[0] and "(root)" in row["why"].iloc[0]
+
+
+def test_a_dead_layer_blames_the_bias_only_when_the_bias_pushes_it_below_zero():
+    torch.manual_seed(0)
+    # weights that map every input below 0, the bias at 0: the bias is not the cause
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    with torch.no_grad():
+        model[0].weight.copy_(-model[0].weight.abs() * 5)
+        model[0].bias.zero_()
+    with scn.inspect(model, params=True) as insp:
+        for _ in range(3):
+            loss = model(torch.rand(16, 4) + 0.5).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    row = next(r for r in insp.findings(None) if r.why.startswith("every output ≤ 0"))
+    assert row.path == "0" and "not its bias" in row.why and "does it" not in row.why

@@ -44,7 +44,13 @@ def assess(tracks: Tracks) -> list[Row]:
         bias = tracks.params.get(f"{row.path}.bias" if row.path else "bias")
         if row.kind == "output" and row.why.startswith("every output ≤ 0") and bias is not None:
             entry = bias.entries[-1]
-            row.why += f" (its bias: mean {num(entry[MEAN])}, absmax {num(entry[ABSMAX])})"
+            # the bias is named as the cause only when it alone is most of the push below 0
+            if entry[MEAN] < 0 and abs(entry[MEAN]) >= 0.5 * abs(row.mean):
+                row.why += (f"; its bias (mean {num(entry[MEAN])}, absmax "
+                            f"{num(entry[ABSMAX])}) does it: check the bias's initialisation")
+            else:
+                row.why += (f"; not its bias (mean {num(entry[MEAN])}): check its weights' "
+                            "initialisation and its inputs' scale")
     for row in rows:  # what a row is about, in the type column every view shows
         if row.kind in _KIND_WORDS:
             row.type = f"{row.type} {_KIND_WORDS[row.kind]}"

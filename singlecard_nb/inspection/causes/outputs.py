@@ -225,8 +225,7 @@ def _blame_upstream(cause: Row, dead: Row, track: Track) -> None:
     cause.tier, cause.score, cause.since, cause.phase = DEAD_TIER, 2.0, since, FORWARD
     cause.why = (f"every output ≤ 0 (max {num(entry[MAX])}, mean {num(entry[MEAN])}) since step "
                  f"{since}, so {dead.path or '(root)'} ({dead.type}) after it outputs only zeros"
-                 ": a bias or normalisation pushes all values below zero; check its bias and "
-                 "initialisation")
+                 ": its weights, inputs, bias or a normalisation push all values below zero")
     dead.why += f", because {cause.path or '(root)'} before it outputs only values ≤ 0"
 
 
