@@ -240,3 +240,22 @@ def test_an_fsdp1_tree_lets_go_of_its_group_when_the_group_is_destroyed():
     with pytest.raises(RuntimeError, match="Build the wrapper again"):
         model(torch.randn(2, 4))
     assert model.module[0].weight.shape == (4, 4)  # the module is intact
+
+
+def test_a_mesh_sized_by_a_launched_world_of_two_is_that_world_on_the_one_device():
+    # pytorch/examples' tensor_parallel_example.py: init_device_mesh("cuda", (WORLD_SIZE,))
+    # before any process group, in each of torchrun's 2 ranks; under --device cpu it was
+    # refused as "single-card mode runs a world of 1"
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "singlecard_nb", "--device", "cpu",
+         str(Path(__file__).with_name("scripts") / "mesh_world.py")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "mesh (2,) rank 0 sum 3.0" in done.stdout and "mesh (2,) rank 1 sum 3.0" in done.stdout

@@ -1,4 +1,4 @@
-"""Device meshes at a world of one: `init_device_mesh` for FSDP2, DTensor and tensor parallel.
+"""Device meshes at the job's world: `init_device_mesh` for FSDP2, DTensor and tensor parallel.
 
 A mesh is sized from the job (`(WORLD_SIZE,)`, `(dp, tp)`), and single-card mode runs a world
 of one, so a mesh whose dimensions multiply to 1 is what one card can be: it is built on the
@@ -6,7 +6,8 @@ pinned device (`"cuda"` becomes `"cpu"` under `%singlecard cpu`), forming the wo
 no group exists yet (through `init_process_group`, groups.py). `parallelize_module` with
 `ColwiseParallel` / `RowwiseParallel`, `fully_shard` and `torch.distributed.checkpoint` then
 run on it as torch's own. A mesh asking for more ranks fails at the user's call with what to
-change, instead of deep inside torch's group set-up.
+change, instead of deep inside torch's group set-up. In a rank of N that a launcher started
+(`%singlecard cpu --ranks N`, torchrun under `--device`) the world is N, all on the one device.
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ class MeshTooLargeError(RuntimeError):
 
 
 def install(owner: Borrowed, device: torch.device, notices: Notices,
-            conversions: Conversions) -> None:
-    """Patch init_device_mesh wherever it is importable from, owned by `owner`."""
+            conversions: Conversions, world: int = 1) -> None:
+    """Patch init_device_mesh wherever it is importable from, owned by `owner`.
+
+    world: N in a rank of a world of N whose ranks share the device (single_card.enable)."""
     if not dist.is_available():
         return
     import torch.distributed.device_mesh as device_mesh
 
     original = device_mesh.init_device_mesh
-    patched = wrap_like(original, _init_device_mesh(original, device, notices, conversions))
+    patched = wrap_like(original, _init_device_mesh(original, device, notices, conversions,
+                                                    world))
     for name in _HOLDERS:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "init_device_mesh", None) is original:
@@ -50,7 +54,7 @@ def install(owner: Borrowed, device: torch.device, notices: Notices,
 
 
 def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
-                      conversions: Conversions) -> Any:
+                      conversions: Conversions, launched: int) -> Any:
     signature = inspect.signature(original)
 
     def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
@@ -59,7 +63,9 @@ def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
         requested_type, shape = arguments["device_type"], tuple(arguments["mesh_shape"])
         asked = f"init_device_mesh({requested_type!r}, {shape})"
         ranks = math.prod(shape)
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        # the job's world: the group's, else the one a launcher started this process in
+        # (`--ranks N`, torchrun under --device), whose group forms at this call
+        world = dist.get_world_size() if dist.is_initialized() else launched
         if ranks != world:
             raise MeshTooLargeError(_too_large(asked, shape, ranks, world, device,
                                                arguments.get("mesh_dim_names")))
@@ -71,7 +77,8 @@ def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
         if not dist.is_initialized():  # torch would rendezvous through env:// instead
             dist.init_process_group("gloo" if under_cpu(device) else None)
         mesh = original(*call.args, **call.kwargs)
-        conversions.record(asked, f"a {arguments['device_type']} mesh {shape}, a world of one")
+        conversions.record(asked, f"a {arguments['device_type']} mesh {shape}, a world of "
+                                  f"{'one' if world == 1 else world}")
         return mesh
 
     return init_device_mesh

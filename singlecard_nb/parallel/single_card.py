@@ -118,7 +118,7 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         accelerator.install(owner, device, notices)
         Guards(device, notices, world=world).install(owner)
         fsdp.install(owner, device, groups, notices, conversions)
-        mesh.install(owner, device, notices, conversions)
+        mesh.install(owner, device, notices, conversions, world=world)
         spawn.install(owner, notices)
         if world == 1 and (size := world_size.from_environ(os.environ)) is not None:
             world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",

@@ -172,6 +172,8 @@ def never_arrived(statuses: Mapping[int, Status | None], codes: Mapping[int, int
             if rank in waiting:
                 continue
             end = ending(statuses.get(rank), codes.get(rank))
+            if end is not None and end["kind"] == "raised" and _short(end.get("where")) == where:
+                continue  # it arrived there, and raised there: its error is the report's
             (gone if end is not None and end["kind"] == "exited" else missing).append(rank)
         verb = "waits" if len(waiting) == 1 else "wait"
         if missing:
