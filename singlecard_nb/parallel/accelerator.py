@@ -31,8 +31,8 @@ from . import cpu_streams
 from .under_cpu import under_cpu
 
 _CPU_NOTE = ("singlecard_nb: torch.accelerator.{}() under `%singlecard cpu` is {}: this "
-             "session's one device is the CPU (is_available() stays False and device_count() 0, "
-             "as torch.cuda says).")
+             "session's one device is the CPU (torch and the libraries are told "
+             "is_available() False and device_count() 0, as torch.cuda says).")
 
 
 def available() -> bool:
