@@ -18,7 +18,8 @@ import singlecard_nb
 
 PACKAGE = Path(singlecard_nb.__file__).parent
 WINGS = ("pinning", "parallel", "inspection", "diagnosis", "sizing", "ranks")
-GROUND_FLOOR = ("borrow", "capacity", "dtype_limits", "dtypes", "errors", "job", "notices", "theme")  # import nothing of ours; every layer may import them
+GROUND_FLOOR = ("borrow", "capacity", "dtype_limits", "dtypes", "errors", "frames", "job", "notices",
+                "theme")  # import nothing of ours; every layer may import them
 
 # The inspection wing's rooms, and the rooms each may import (its own always). `shared` is the
 # wing's own floor (options, targets, diagnostics: what every room speaks of); the `facade`

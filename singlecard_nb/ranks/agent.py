@@ -27,7 +27,7 @@ from typing import Any
 from ..borrow import Borrowed
 from .collectives import CollectiveLog
 from .lifeline import TERMINATED, Lifeline
-from .where import frames_of, is_user_file, library_roots, locate, raised_frames
+from .where import frames_of, is_user_file, locate, raised_frames
 
 INTERVAL = 0.5  # seconds between samples
 _TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
@@ -43,7 +43,6 @@ class Agent:
         self.rank = rank
         self._clock = clock
         self._main = threading.main_thread().ident
-        self._roots = library_roots()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = 0
@@ -53,7 +52,7 @@ class Agent:
         self._lock = threading.Lock()
         self.stopping = False
         self.lifeline = Lifeline(folder)
-        self.collectives = CollectiveLog(lambda name: is_user_file(name, self._roots))
+        self.collectives = CollectiveLog(is_user_file)
         self._owner = Borrowed("the ranks' agent: torch.distributed calls counted")
         self._fault: Any = None
         self._formed = False  # a process group was seen: the ranks formed one job
@@ -90,7 +89,7 @@ class Agent:
         is known even when the others fail a moment later (their peer went away)."""
         self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
                                  "at": time.time(),
-                                 **locate(raised_frames(error), self._roots),
+                                 **locate(raised_frames(error)),
                                  "traceback": self._traceback(error)}
         self._write(self._sample())
 
@@ -99,7 +98,7 @@ class Agent:
         its end (status 0); said at once, so that the first rank to leave is known."""
         place: dict[str, Any] = {"where": None, "function": None, "collective": None}
         if exit is not None:
-            place = locate(raised_frames(exit), self._roots)
+            place = locate(raised_frames(exit))
         self._extra["left"] = {"status": status, "at": time.time(), **place}
         self._write(self._sample())
 
@@ -107,7 +106,7 @@ class Agent:
         """The traceback as python prints it, from the script's own first frame on (the
         launcher's and runpy's left out), its middle cut on a deep stack."""
         tb = error.__traceback__
-        while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename, self._roots):
+        while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         lines = "".join(traceback.format_exception(
             type(error), error, tb or error.__traceback__)).splitlines()
@@ -173,7 +172,7 @@ class Agent:
         self._last = (signature, cpu)
         self._formed = self._formed or self.collectives.count > 0 or _group_formed()
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
-                "time": time.time(), **locate(frames, self._roots), "formed": self._formed,
+                "time": time.time(), **locate(frames), "formed": self._formed,
                 "collectives": self.collectives.snapshot(), **self._extra}
 
     def _write(self, status: dict[str, Any]) -> None:
@@ -246,4 +245,4 @@ def fault(dump: str) -> dict[str, Any]:
     frames = [[(f, int(line), fn) for f, line, fn in block] for block in blocks]
     main = next((b for b in frames if any(fn == "_run_module_as_main" for _, _, fn in b)),
                 frames[0] if frames else [])
-    return {"error": error[:200], **locate(main, library_roots())}
+    return {"error": error[:200], **locate(main)}

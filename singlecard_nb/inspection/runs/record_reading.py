@@ -42,11 +42,6 @@ class _NotRecords(ValueError):
 
 def read_one(path: Path):
     """(frame, meta) of one record file."""
-    return _read_one(path)
-
-
-def _read_one(path: Path):
-
     if not is_sqlite(path):
         raise ValueError(f"{str(path)!r} is not a file written by insp.save() (not SQLite)")
     try:
