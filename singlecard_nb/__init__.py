@@ -33,7 +33,7 @@ _EXPORTS = {
     "NonFiniteError": "errors",
     "compare": "inspection.runs.compare",
     "compare_ranks": "inspection.runs.compare",
-    "load": "inspection.runs.records",
+    "load": "inspection.runs.recorded",
     "findings": "inspection.runs.recorded",
     "explain": "diagnosis.explain",
     "fit": "session",

@@ -39,7 +39,7 @@ class InspectorResults:
             job, gathered on its process group (a collective: call it on every rank). Outside a
             multi-process job both give this process's rows.
         """
-        from .runs.records import gather
+        from .runs.recorded import gather
 
         self._recorder.flush()
         return gather(to_frame(self._store.snapshot()), ranks)
@@ -59,7 +59,7 @@ class InspectorResults:
         the optimiser's param groups are saved beside the rows, so `scn.findings()` of the
         loaded frame ranks as `insp.findings()` does.
         """
-        from .runs.records import save
+        from .runs.record_file import save
 
         records = self.records()  # rows and extras of the same steps
         return save(to_frame(records), path, meta={

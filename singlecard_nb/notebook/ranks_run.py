@@ -257,8 +257,7 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
     model is what `scn.inspector()` answers with."""
     from ..inspection.engine import recorded_elsewhere
     from ..inspection.runs.record_file import model_part
-    from ..inspection.runs.recorded import from_folder
-    from ..inspection.runs.records import load
+    from ..inspection.runs.recorded import from_folder, load
 
     named = {model_part(name): name for status in statuses.values()
              for name in ((status or {}).get("records") or {})}

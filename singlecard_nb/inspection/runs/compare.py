@@ -44,7 +44,7 @@ def as_frame(x: Any):
     if isinstance(x, pd.DataFrame):
         return x
     if isinstance(x, (str, os.PathLike, list, tuple)):
-        from .records import load
+        from .recorded import load
 
         return load(x)
     if callable(getattr(x, "frame", None)):
