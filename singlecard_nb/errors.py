@@ -6,7 +6,9 @@ Neither wing imports the other: both import this module.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 
 class NonFiniteError(RuntimeError):
@@ -49,12 +51,28 @@ class NonFiniteError(RuntimeError):
                 origin += f" It computes in {dtype}: a {dtype} overflow."
         super().__init__(
             f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
-            f"call {call}.{origin} {rows_hint}"
+            f"call {call}.{origin} {TRAP_ROWS.hint}"
         )
 
 
-# Where the trap's message says the rows are: the terminal form (cli/at_exit.py) says its --save file.
-rows_hint = "Rows recorded so far are in insp.frame()."
+class TrapRows:
+    """Where the trap's message says the rows recorded so far are: `insp.frame()` in a
+    notebook; the terminal form says its --save file while its script runs
+    (`with TRAP_ROWS.saying(cli.at_exit.rows_hint(save)):` in cli/__init__.py)."""
+
+    def __init__(self) -> None:
+        self.hint = "Rows recorded so far are in insp.frame()."
+
+    @contextlib.contextmanager
+    def saying(self, hint: str) -> Iterator[None]:
+        before, self.hint = self.hint, hint
+        try:
+            yield
+        finally:
+            self.hint = before
+
+
+TRAP_ROWS = TrapRows()
 
 
 

@@ -89,23 +89,18 @@ def rank() -> int:
     return place()[0]
 
 
-# The records of the last `%run` of N ranks (a frame of every rank's rows), for
-# `compare_ranks()` with no argument; or the sentence saying why there are none.
-_last_ranks_run: Any = None
-_last_ranks_note: str | None = None
+class LastRanksRun:
+    """What the last `%run` of N ranks in this process recorded, for `scn.compare_ranks()` with
+    no argument (inspection/runs/compare.py reads it). Written by the notebook layer:
+    notebook/ranks_run.py when the ranks' files are read back, notebook/inspect_all.py when a
+    `%run` records in this process instead."""
+
+    def __init__(self) -> None:
+        self.records: Any = None  # {model: a frame of all its ranks}, a str (why none), None
+        self.note: str | None = None  # what a comparison must say first (no group formed)
+
+    def remember(self, records: Any, note: str | None = None) -> None:
+        self.records, self.note = records, note
 
 
-def remember_ranks_run(records: Any, note: str | None = None) -> None:
-    """What the last run of N ranks recorded: {model: a frame of all its ranks}, or a str (why
-    none); note: what a comparison of them must say first (the ranks never formed a group)."""
-    global _last_ranks_run, _last_ranks_note
-    _last_ranks_run, _last_ranks_note = records, note
-
-
-def last_ranks_run() -> Any:
-    """The last run of N ranks' records (None: no such run in this process)."""
-    return _last_ranks_run
-
-
-def last_ranks_note() -> str | None:
-    return _last_ranks_note
+LAST_RANKS_RUN = LastRanksRun()

@@ -18,6 +18,7 @@ Here the flow; its parts: `arguments` (our options, checked before the script ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -64,12 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:  # TargetError, a broken machine file: nothing has run
             p.error(f"argument --device: {e}")
     finder = None
-    hint = None
+    given_back = contextlib.ExitStack()  # what the trap says, as it was, after the script
     if inspect:
-        from .. import borrow, errors
+        from ..errors import TRAP_ROWS
 
-        hint = borrow.Borrowed("the trap's words on a terminal")
-        hint.set_attr(errors, "rows_hint", at_exit.rows_hint(options.save), "NonFiniteError rows")
+        given_back.enter_context(TRAP_ROWS.saying(at_exit.rows_hint(options.save)))
         from ..inspection.finding.discovery import Discovery
 
         try:
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif options.save and not at_exit.save(finder, options.save):
                     status = status or 1  # the records asked for were not written: a failure
         finally:
-            if hint is not None:
-                hint.restore()
+            given_back.close()
             if options.device is not None:  # given back, as everything borrowed is
                 from .. import session
 

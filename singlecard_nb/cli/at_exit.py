@@ -59,19 +59,20 @@ def status_as_it_goes(finder: Any, agent: Any, seconds: float = 1.0) -> Any:
     import time
 
     from ..inspection.views.latest import Latest
+    from ..ranks.rank_status import LATEST, RECORDS
 
     last = [0.0]
     latest: dict[str, Latest] = {}
 
     def beat() -> dict[str, Any]:
         found = finder.inspectors
-        said: dict[str, Any] = {"records": {name: insp.steps_recorded
+        said: dict[str, Any] = {RECORDS: {name: insp.steps_recorded
                                             for name, insp in found.items()}}
         if found and (agent.stopping or time.monotonic() - last[0] >= seconds):
             last[0] = time.monotonic()
             for name, insp in found.items():
                 latest.setdefault(name, Latest(insp))
-            said["latest"] = {name: view.snapshot() for name, view in latest.items()}
+            said[LATEST] = {name: view.snapshot() for name, view in latest.items()}
         return said
 
     return beat

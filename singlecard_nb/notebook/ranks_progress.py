@@ -9,6 +9,8 @@ from typing import Any
 
 from IPython.display import display
 
+from ..ranks.rank_status import RECORDS
+
 
 class Progress:
     """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
@@ -30,7 +32,7 @@ class Progress:
                note: str | None = None) -> None:
         models: dict[str, dict[int, int]] = {}
         for rank, status in statuses.items():
-            for name, steps in ((status or {}).get("records") or {}).items():
+            for name, steps in ((status or {}).get(RECORDS) or {}).items():
                 models.setdefault(name, {})[rank] = steps
         if not models:
             return

@@ -223,9 +223,9 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
         finder.reset()  # a new run: the previous run's models are forgotten
     ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
     progress = None if finder is None else (SideBySide if live else Progress)(setting.ranks)
-    job.remember_ranks_run("the last `%run` of ranks recorded nothing: turn `%inspect all "
-                           "--params` on before `%run`, so each rank records its models"
-                           if finder is None else None)
+    job.LAST_RANKS_RUN.remember("the last `%run` of ranks recorded nothing: turn `%inspect "
+                                "all --params` on before `%run`, so each rank records its "
+                                "models" if finder is None else None)
     ended, note = "stopped", None
     try:
         RankJob(ranks, folder, setting.hang_after,
@@ -245,9 +245,9 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
 
 
 def _statuses(folder: str, ranks: int) -> dict[int, Any]:
-    from ..ranks import agent
+    from ..ranks import rank_status
 
-    return {rank: agent.read(folder, rank) for rank in range(ranks)}
+    return {rank: rank_status.read(folder, rank) for rank in range(ranks)}
 
 
 def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
@@ -258,9 +258,10 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
     from ..inspection.engine import recorded_elsewhere
     from ..inspection.runs.record_file import model_part
     from ..inspection.runs.recorded import from_folder, load
+    from ..ranks.rank_status import RECORDS
 
     named = {model_part(name): name for status in statuses.values()
-             for name in ((status or {}).get("records") or {})}
+             for name in ((status or {}).get(RECORDS) or {})}
     found = {}
     for key, recorded in from_folder(folder).items():
         model, _, rank = key.rpartition("[rank ")
@@ -268,12 +269,12 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
         found[recorded.name] = recorded
     finder.adopt(found)
     if not found:
-        job.remember_ranks_run("the last `%run` of ranks recorded nothing: no rank called a "
-                               "model with parameters")
+        job.LAST_RANKS_RUN.remember("the last `%run` of ranks recorded nothing: no rank "
+                                    "called a model with parameters")
         return
     jobs: dict[str, list[str]] = {}
     for name, recorded in found.items():
         jobs.setdefault(name.rsplit("[rank ", 1)[0], []).append(str(recorded.path))
-    job.remember_ranks_run({model: load(paths) for model, paths in jobs.items()}, note)
+    job.LAST_RANKS_RUN.remember({model: load(paths) for model, paths in jobs.items()}, note)
     rank_0 = [r for r in found.values() if r.rank == 0] or list(found.values())
     recorded_elsewhere(max(rank_0, key=lambda r: r.steps_recorded))

@@ -54,9 +54,9 @@ def as_frame(x: Any):
 
 
 def _last_ranks_run():
-    from ...job import last_ranks_run
+    from ...job import LAST_RANKS_RUN
 
-    last = last_ranks_run()
+    last = LAST_RANKS_RUN.records
     if last is None:
         raise ValueError("compare_ranks() with no argument compares the ranks of the last "
                          "`%run` under `%singlecard cpu --ranks N`, and none has run in this "
@@ -77,9 +77,9 @@ def _model_of_last_run(x):
         raise ValueError(f"compare_ranks(): the last `%run` of ranks recorded {len(x)} models "
                          f"({', '.join(x)}): name one, e.g. compare_ranks({next(iter(x))!r}).")
     if isinstance(x, str) and not os.path.exists(x) and not any(c in x for c in "*?[/"):
-        from ...job import last_ranks_run
+        from ...job import LAST_RANKS_RUN
 
-        last = last_ranks_run()
+        last = LAST_RANKS_RUN.records
         if isinstance(last, dict) and x in last:
             return last[x]
         if isinstance(last, dict):
@@ -291,11 +291,11 @@ def compare_ranks(x=None, stats=("mean", "std", "absmax"), rtol: float = 1e-6,
     """
     import pandas as pd
 
-    from ...job import last_ranks_note
+    from ...job import LAST_RANKS_RUN
 
     given = x
     x = _model_of_last_run(_last_ranks_run() if x is None else x)
-    caveat = last_ranks_note() if given is None or x is not given else None
+    caveat = LAST_RANKS_RUN.note if given is None or x is not given else None
     if not isinstance(x, pd.DataFrame) and callable(getattr(x, "frame", None)):
         frame = x.frame(ranks="all")
     else:
