@@ -91,7 +91,7 @@ def rank() -> int:
 
 class LastRanksRun:
     """What the last `%run` of N ranks in this process recorded, for `scn.compare_ranks()` with
-    no argument (inspection/runs/compare.py reads it). Written by the notebook layer:
+    no argument (inspection/runs/comparison.py reads it). Written by the notebook layer:
     notebook/ranks_run.py when the ranks' files are read back, notebook/inspect_all.py when a
     `%run` records in this process instead."""
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..errors import TRAP_ROWS
 
         given_back.enter_context(TRAP_ROWS.saying(at_exit.rows_hint(options.save)))
-        from ..inspection.finding.discovery import Discovery
+        from ..inspection.finding import Discovery
 
         try:
             finder = Discovery(**inspect_options(options)).start()

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..borrow import uninterrupted
 from .diagnostics import Diagnostics
-from .memory.table import MemoryWatch
+from .memory import MemoryWatch
 from .options import Kept, check_arguments, check_memory
 from .recording.attach import Attachment
 from .recording.calls import CallTracker, step_clock

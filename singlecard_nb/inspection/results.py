@@ -15,7 +15,7 @@ from typing import Any
 from .kernel.values import VALUES
 from .recording.store import StepRecord, to_frame
 from .targets import globs, track_histograms
-from .views.summary import Summary
+from .views import Summary
 
 
 class InspectorResults:
@@ -39,7 +39,7 @@ class InspectorResults:
             job, gathered on its process group (a collective: call it on every rank). Outside a
             multi-process job both give this process's rows.
         """
-        from .runs.recorded import gather
+        from .runs import gather
 
         self._recorder.flush()
         return gather(to_frame(self._store.snapshot()), ranks)
@@ -59,7 +59,7 @@ class InspectorResults:
         the optimiser's param groups are saved beside the rows, so `scn.findings()` of the
         loaded frame ranks as `insp.findings()` does.
         """
-        from .runs.record_file import save
+        from .runs import save
 
         records = self.records()  # rows and extras of the same steps
         return save(to_frame(records), path, meta={
@@ -133,7 +133,7 @@ class InspectorResults:
 
     def live(self):
         """Display a view of the latest step that updates in place while training runs."""
-        from .views.live import live_view
+        from .views import live_view
 
         return live_view(self)
 
@@ -144,14 +144,14 @@ class InspectorResults:
         first step. top: rows shown, those the ranking puts first (see `views.heatmap`).
         io: "output", "input", "grad"; per parameter "param", "param_grad", "step_grad",
         "update" (params=True / grads=True)."""
-        from .views.heatmap import heatmap
+        from .views import heatmap
 
-        return heatmap(self, stat, io, training=training, relative=relative, top=top)
+        return heatmap.heatmap(self, stat, io, training=training, relative=relative, top=top)
 
     def findings(self, top: int | None = 10) -> list:
         """The ranked rows that show something, likeliest cause first (`causes/`): every
         recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
-        from .views.ranking import findings
+        from .views import findings
 
         self._recorder.flush()
         return findings(self._tracks(), top)
@@ -171,13 +171,13 @@ class InspectorResults:
         on, for any `modules` asked for here; no activation is kept for them. On a GPU each
         histogram reads its range back once (torch.histc), so ask only for the modules you need.
         """
-        from .views.histograms import histograms
+        from .views import histograms
 
         patterns = globs(modules) or []
         added = track_histograms(self._calls.targets, patterns)
         self.hist_patterns = (self.hist_patterns or []) + patterns
         try:
-            return histograms(self, modules, bins or self.hist_bins)
+            return histograms.histograms(self, modules, bins or self.hist_bins)
         except ValueError:
             if not added:
                 raise

@@ -22,7 +22,7 @@ from .arguments import inspect_options
 
 def inspect_all_line(magics: Any, args: Any) -> None:
     """`%inspect all [options]`, `%inspect all off`, `%inspect all show`."""
-    from ..inspection.finding.discovery import Discovery
+    from ..inspection.finding import Discovery
 
     action = args.name
     if action not in (None, "off", "show"):

@@ -18,7 +18,7 @@ class Progress:
     def __init__(self, ranks: int):
         from IPython import get_ipython
 
-        from ..inspection.views.live import updates_in_place
+        from ..inspection.views import updates_in_place
 
         self.ranks = ranks
         self.handle: Any = None
@@ -61,7 +61,7 @@ class SideBySide(Progress):
     sent something new (each sends once a second)."""
 
     def __init__(self, ranks: int):
-        from ..inspection.runs.side_by_side import SideBySide as View
+        from ..inspection.runs import SideBySide as View
 
         super().__init__(ranks)
         self.view = View(ranks)

@@ -187,7 +187,7 @@ def _finder(shell: Any) -> tuple[Any, bool]:
     finder = getattr(magics, "finder", None)
     if finder is not None and finder.active:
         return finder, bool(getattr(magics, "finder_live", False))
-    from ..inspection.finding.discovery import current
+    from ..inspection.finding import current
 
     finder = current()
     return (finder, False) if finder is not None and finder.active else (None, False)
@@ -256,8 +256,7 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
     names the ranks gave them); one job per model is kept for `compare_ranks()`, and rank 0's
     model is what `scn.inspector()` answers with."""
     from ..inspection.engine import recorded_elsewhere
-    from ..inspection.runs.record_file import model_part
-    from ..inspection.runs.recorded import from_folder, load
+    from ..inspection.runs import from_folder, load, model_part
     from ..ranks.rank_status import RECORDS
 
     named = {model_part(name): name for status in statuses.values()

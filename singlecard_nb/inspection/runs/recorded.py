@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from ..causes import Tracks
 from ..causes.series import ATTRS, FRAME_COLUMNS
-from ..views import ranking
-from ..views.summary import Summary
+from ..views import Summary
+from ..views import findings as ranked
 from .record_file import is_sqlite, read_one
 
 _RANK_FILE = re.compile(r"^(?P<stem>.+?)(?:\.(?P<model>[^.]+))?\.rank(?P<rank>\d+)\.db$")
@@ -174,7 +175,7 @@ def findings(source: Any, top: int | None = 10) -> list:
         raise TypeError("scn.findings() takes a frame from scn.load() or insp.frame(), a path "
                         f"of saved records, or an Inspector; got {type(source).__name__}")
     _check_rankable(source)
-    return ranking.findings(ranking.Tracks.from_frame(source), top)
+    return ranked(Tracks.from_frame(source), top)
 
 
 # Columns that name a series: a missing value there is no row the ranking can place
