@@ -23,10 +23,10 @@ GROUND_FLOOR = ("borrow", "capacity", "dtype_limits", "dtypes", "errors", "frame
 
 # The inspection wing's rooms, and the rooms each may import (its own always). `shared` is the
 # wing's own floor (options, targets, diagnostics: what every room speaks of); the `facade`
-# (engine, results: the Inspector) ties the rooms; `finding` (inspect_all) builds inspectors,
+# (engine: the Inspector) ties the rooms; `finding` (inspect_all) builds inspectors,
 # so it sits above the facade.
 INSPECTION_SHARED = ("options", "targets", "diagnostics")
-INSPECTION_FACADE = ("engine", "results")
+INSPECTION_FACADE = ("engine",)
 INSPECTION_ROOMS = {
     "finding": {"facade", "recording", "shared"},
     "facade": {"recording", "kernel", "memory", "views", "causes", "runs", "shared"},
