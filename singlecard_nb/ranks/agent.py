@@ -169,11 +169,9 @@ class Agent:
             self._progress += 1
         self._last = (signature, cpu)
         self._formed = self._formed or self.collectives.count > 0 or _group_formed()
-        fields = rank_status
-        return {fields.RANK: self.rank, fields.PID: os.getpid(),
-                fields.PROGRESS: self._progress, fields.TIME: time.time(), **locate(frames),
-                fields.FORMED: self._formed, fields.COLLECTIVES: self.collectives.snapshot(),
-                **self._extra}
+        return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
+                "time": time.time(), **locate(frames), "formed": self._formed,
+                "collectives": self.collectives.snapshot(), **self._extra}  # a RankStatus
 
     def _write(self, status: rank_status.RankStatus) -> None:
         with self._lock:
