@@ -37,7 +37,19 @@ from .script import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, pin, inspect, run; returns the exit status."""
+    """Parse, pin, inspect, run; returns the exit status.
+
+    1. Parse: our options (before the script's), each checked before anything runs; a
+       mistake is argparse's one-line error and exit status 2.
+    2. In a rank of `--ranks N` (`--ranks-dir`): its status agent starts.
+    3. Pin: `--device` pins through `session.pin()`, single-card mode on (a world of N under
+       torchrun or `--ranks N`).
+    4. Inspect: `--inspect` starts `inspect_all`; the trap's words name the `--save` file.
+    5. Run the script as python would (`script.run`).
+    6. Exit, in `finally`: the agent told the status, the finder stopped, its findings
+       printed, the records saved (a rank's by its agent's exit work), the trap's words and
+       the pin given back; a save that failed makes the status 1.
+    """
     p = parser()
     ours, rest = split(list(sys.argv[1:] if argv is None else argv))
     refuse_abbreviations(p, ours)

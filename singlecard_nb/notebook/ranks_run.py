@@ -208,7 +208,19 @@ def cli_options(options: dict[str, Any]) -> list[str]:
 
 
 def run_ranks(shell: Any, line: str, setting: Setting) -> None:
-    """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang."""
+    """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang.
+
+    1. Plan: the script's command line and the pinned target, each rank's command and
+       torchrun's variables (`ranks.launch.plan`: pure, nothing starts); under `%inspect all`
+       each rank inspects with the notebook's options and saves to the run's folder.
+    2. Start and watch: `ranks.run.RankJob.run()` starts the ranks, echoes `[rank k]`, reads
+       their status files (`ranks.rank_status`) for the cell's progress, and ends when all
+       exit 0, one fails, none moves for `hang_after` seconds, or on Ctrl-C, every rank
+       stopped as torchrun stops them.
+    3. Read back, in `finally`: the ranks' last statuses (a job that never formed a process
+       group is said), their records joined to `scn.inspectors()` and remembered for
+       `scn.compare_ranks()` (`job.LAST_RANKS_RUN`), and the run's folder removed.
+    """
     __tracebackhide__ = True  # noqa: F841
     from ..ranks import doctor, launch
     from ..ranks.run import RankJob
