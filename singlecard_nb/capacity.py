@@ -2,7 +2,8 @@
 
 Two facts that several wings speak of without importing each other: the pinned card's capacity
 (`session` provides it: the pin knows the card, described machines included) and the per-module
-memory tables that inspectors with `memory=True` keep (read by diagnosis's out-of-memory rule).
+memory tables that inspectors with `memory=True` keep (`MEMORY_TABLES`, read by diagnosis's
+out-of-memory rule).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ class Card:
 
 
 _provider: Callable[[], Card | None] | None = None
-# model -> a callable giving its inspector's memory table (module path -> {kind: bytes})
-_tables: weakref.WeakKeyDictionary[Any, Callable[[], dict]] = weakref.WeakKeyDictionary()
 
 
 def provide(provider: Callable[[], Card | None] | None) -> None:
@@ -75,23 +74,33 @@ def _data_limit() -> tuple[int, int] | None:
         return None
 
 
-def publish_table(model: Any, table: Callable[[], dict]) -> None:
-    """An inspector with memory=True says what each module of `model` holds."""
-    try:
-        _tables[model] = table
-    except TypeError:  # not weak-referenceable: nothing to publish
-        pass
+class MemoryTables:
+    """What each module of a model holds, by model: published by an inspector with
+    memory=True (inspection/memory/table.py) while it runs, read by the out-of-memory
+    explanation (diagnosis/rules/memory.py). Models are held weakly."""
+
+    def __init__(self) -> None:
+        # model -> a callable giving its inspector's table (module path -> {kind: bytes})
+        self._tables: weakref.WeakKeyDictionary[Any, Callable[[], dict]] = (
+            weakref.WeakKeyDictionary())
+
+    def publish(self, model: Any, table: Callable[[], dict]) -> None:
+        try:
+            self._tables[model] = table
+        except TypeError:  # not weak-referenceable: nothing to publish
+            pass
+
+    def withdraw(self, model: Any, table: Callable[[], dict]) -> None:
+        if model is not None and self._tables.get(model) is table:
+            del self._tables[model]
+
+    def of(self, model: Any) -> dict | None:
+        """The table published for `model` (None: no inspector with memory=True runs on it)."""
+        table = self._tables.get(model)
+        return table() if table is not None else None
 
 
-def withdraw_table(model: Any, table: Callable[[], dict]) -> None:
-    if model is not None and _tables.get(model) is table:
-        del _tables[model]
-
-
-def module_table(model: Any) -> dict | None:
-    """The memory table an inspector with memory=True published for `model` (or None)."""
-    table = _tables.get(model)
-    return table() if table is not None else None
+MEMORY_TABLES = MemoryTables()
 
 
 def size_text(n: float | None) -> str:

@@ -6,7 +6,9 @@ Neither wing imports the other: both import this module.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 
 class NonFiniteError(RuntimeError):
@@ -52,11 +54,11 @@ class NonFiniteError(RuntimeError):
             last = f" Its last operations: {cause}: {loss_hint(ops)}." if cause else ""
             first = f" Likeliest cause, begun before it: {prior}." if prior else ""
             super().__init__(f"{nan} NaN and {inf} Inf in the loss (what loss.backward() was "
-                             f"called on) at step {step}.{last}{first} {rows_hint}")
+                             f"called on) at step {step}.{last}{first} {TRAP_ROWS.hint}")
             return
         super().__init__(
             f"{nan} NaN and {inf} Inf in {what} of {where} ({module_type}) at step {step}, "
-            f"call {call}.{origin} {rows_hint}"
+            f"call {call}.{origin} {TRAP_ROWS.hint}"
         )
 
 
@@ -76,8 +78,24 @@ def loss_hint(ops: list[str]) -> str:
     return "the values it was computed from were not finite, or overflowed in it"
 
 
-# Where the trap's message says the rows are: the terminal form (cli/at_exit.py) says its --save file.
-rows_hint = "Rows recorded so far are in insp.frame()."
+class TrapRows:
+    """Where the trap's message says the rows recorded so far are: `insp.frame()` in a
+    notebook; the terminal form says its --save file while its script runs
+    (`with TRAP_ROWS.saying(cli.at_exit.rows_hint(save)):` in cli/__init__.py)."""
+
+    def __init__(self) -> None:
+        self.hint = "Rows recorded so far are in insp.frame()."
+
+    @contextlib.contextmanager
+    def saying(self, hint: str) -> Iterator[None]:
+        before, self.hint = self.hint, hint
+        try:
+            yield
+        finally:
+            self.hint = before
+
+
+TRAP_ROWS = TrapRows()
 
 
 

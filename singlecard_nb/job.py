@@ -7,7 +7,33 @@ group once one is formed, else the variables torchrun sets before the script for
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
+
+# What torchrun (torch elastic's agent) sets in each worker; a launcher replaces them all
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+LOCALHOST = "127.0.0.1"
+
+
+def torchrun_environ(rank: int, ranks: int, port: int | None = None) -> dict[str, str]:
+    """The variables torchrun sets in worker `rank` of `ranks` on one node; with `port`, also
+    the rendezvous they meet at (MASTER_ADDR, MASTER_PORT) and the restart count."""
+    environ = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
+               "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+               "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(ranks)}
+    if port is not None:
+        environ.update(MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port),
+                       TORCHELASTIC_RESTART_COUNT="0")
+    return environ
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A port nothing listens on now (the rendezvous' TCP store takes it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def place() -> tuple[int, int]:
@@ -63,23 +89,18 @@ def rank() -> int:
     return place()[0]
 
 
-# The records of the last `%run` of N ranks (a frame of every rank's rows), for
-# `compare_ranks()` with no argument; or the sentence saying why there are none.
-_last_ranks_run: Any = None
-_last_ranks_note: str | None = None
+class LastRanksRun:
+    """What the last `%run` of N ranks in this process recorded, for `scn.compare_ranks()` with
+    no argument (inspection/runs/comparison.py reads it). Written by the notebook layer:
+    notebook/ranks_run.py when the ranks' files are read back, notebook/inspect_all.py when a
+    `%run` records in this process instead."""
+
+    def __init__(self) -> None:
+        self.records: Any = None  # {model: a frame of all its ranks}, a str (why none), None
+        self.note: str | None = None  # what a comparison must say first (no group formed)
+
+    def remember(self, records: Any, note: str | None = None) -> None:
+        self.records, self.note = records, note
 
 
-def remember_ranks_run(records: Any, note: str | None = None) -> None:
-    """What the last run of N ranks recorded: {model: a frame of all its ranks}, or a str (why
-    none); note: what a comparison of them must say first (the ranks never formed a group)."""
-    global _last_ranks_run, _last_ranks_note
-    _last_ranks_run, _last_ranks_note = records, note
-
-
-def last_ranks_run() -> Any:
-    """The last run of N ranks' records (None: no such run in this process)."""
-    return _last_ranks_run
-
-
-def last_ranks_note() -> str | None:
-    return _last_ranks_note
+LAST_RANKS_RUN = LastRanksRun()

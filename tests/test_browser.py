@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 import pytest
 from browser_dark import check_dark_theme, switch_theme
 from conftest import notebook_runner
+
+from singlecard_nb.job import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = Path(__file__).with_name("browser_machine.json")
@@ -46,12 +47,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def _kernel_environment(*args, **kwargs):
     return notebook_runner().kernel_environment(*args, **kwargs)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_server(url: str, process: subprocess.Popen, log: Path, seconds: float = 30) -> None:
@@ -80,7 +75,7 @@ def lab_server(tmp_path_factory):
     (settings / "overrides.json").write_text(json.dumps(LAB_OVERRIDES))
     env = _kernel_environment(str(tmp_path / "jupyter-path"), machine=str(MACHINE))
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "jupyterlab.log"
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",

@@ -306,12 +306,12 @@ def test_save_and_load_round_trip_every_column_exactly(tmp_path):
 
 
 def test_a_column_the_frame_gains_later_is_saved_too(tmp_path):
-    from singlecard_nb.inspection.runs import records
+    from singlecard_nb.inspection.runs import record_file
 
     frame = train(mlp(), steps=1).frame()
     frame["training"] = True
     frame.loc[0, "nan"] = pd.NA
-    loaded = scn.load(records.save(frame, tmp_path / "new.db"))
+    loaded = scn.load(record_file.save(frame, tmp_path / "new.db"))
     pd.testing.assert_frame_equal(loaded, frame)
 
 

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import singlecard_nb as scn  # noqa: E402
-from singlecard_nb.inspection.runs import alignment, compare, comparison, structure  # noqa: E402
+from singlecard_nb.inspection.runs import alignment, comparison, structure  # noqa: E402
 from singlecard_nb.inspection.runs.alignment import (  # noqa: E402
     COMPARED,
     ONLY_IN_A,
@@ -97,5 +97,5 @@ def test_every_figure_is_made_by_the_one_helper(monkeypatch):
     assert isinstance(histograms.histograms(Recorded()), Figure)
     assert isinstance(heatmap.heatmap(Recorded()), Figure)  # nothing recorded: a message figure
     assert len(made) == 5 and made[3][:2] == (4.5, 2.6)  # the histograms: one module, one step
-    for module in (compare, comparison, structure, alignment):
+    for module in (comparison, structure, alignment):
         assert "matplotlib" not in inspect.getsource(module), module.__name__

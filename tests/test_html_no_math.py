@@ -89,11 +89,11 @@ CASES = {
                                                scn.status())[1],
     "pinning.model:Machine": lambda runs, mp: machine(),
     "inspection.runs.comparison:Comparison": lambda runs, mp: scn.compare(*runs),
-    "inspection.runs.compare:RankComparison": lambda runs, mp: scn.compare_ranks(
+    "inspection.runs.comparison:RankComparison": lambda runs, mp: scn.compare_ranks(
         __import__("pandas").concat([runs[0].frame().assign(rank=0),
                                      runs[1].frame().assign(rank=1)]), inputs=True),
     "inspection.views.summary:Summary": lambda runs, mp: runs[0].summary(),
-    "inspection.results:InspectorResults": lambda runs, mp: runs[0],  # an Inspector
+    "inspection.engine:Inspector": lambda runs, mp: runs[0],
     "diagnosis.explain:Explanation": lambda runs, mp: explanation(),
     "diagnosis.explain:Banner": lambda runs, mp: explanation().banner(),
     "inspection.memory.table:MemoryTable": lambda runs, mp: memory_table(),

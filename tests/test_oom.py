@@ -78,9 +78,9 @@ def test_cpu_allocator_failure_is_explained_with_the_inspectors_table():
     assert "ran out of host memory trying to allocate 1024.0 TiB" in text
     assert "activations" in text and "biggest: " in text  # by module, from memory=True
     assert "micro-batch of at most" in text
-    from singlecard_nb.capacity import module_table
+    from singlecard_nb.capacity import MEMORY_TABLES
 
-    assert module_table(model) is None  # a stopped inspector's table is withdrawn
+    assert MEMORY_TABLES.of(model) is None  # a stopped inspector's table is withdrawn
 
 
 def test_other_errors_get_no_memory_hint():

@@ -793,11 +793,11 @@ def test_accelerate_and_trainers_are_told_to_form_their_world_on_the_cpu():
 def test_status_files_are_read_when_they_change_and_a_status_thread_error_is_said(tmp_path):
     import json
 
-    from singlecard_nb.ranks import agent, doctor
+    from singlecard_nb.ranks import doctor, rank_status
 
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps(_status(0, "/j/train.py:5", None, 1.0)))
-    statuses = agent.Statuses(tmp_path, [0, 1])
+    statuses = rank_status.Statuses(tmp_path, [0, 1])
     first = statuses.read()
     assert first[1] is None and statuses.read()[0] is first[0]  # unchanged: not read again
     failed = {**_status(0, "/j/train.py:9", None, 2.0), "agent_error": "OSError: disk full"}

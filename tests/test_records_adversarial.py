@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection.runs import records
+from singlecard_nb.inspection.runs import record_file
 
 
 def _recorded(scale: float = 1.0):
@@ -48,7 +48,7 @@ def test_two_threads_saving_to_one_path_leave_one_whole_file(tmp_path):
     def save(frame) -> None:
         try:
             for _ in range(20):
-                records.save(frame, target)
+                record_file.save(frame, target)
         except BaseException as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
@@ -132,7 +132,7 @@ def test_a_failing_write_names_the_file_and_leaves_no_partial_open(tmp_path, mon
         opened.append(db)
         return db
 
-    monkeypatch.setattr(records.sqlite3, "connect", connect)
+    monkeypatch.setattr(record_file.sqlite3, "connect", connect)
     with pytest.raises(OSError, match=r"run\.db.*disk is full"):
         _recorded().save(tmp_path / "run.db")
     monkeypatch.undo()

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,16 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from singlecard_nb.job import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = ROOT / ".venv" / ".singlecard-nb-installed"
 TOKEN = "singlecard-lab-test"
 
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stub(path: Path, script: str) -> None:
@@ -188,7 +183,7 @@ def test_lab_sh_serves_jupyterlab(user, home):
         pytest.skip("no set-up .venv here (run scripts/setup.sh once, or ./test.sh); starting "
                     "./lab.sh would run the whole minutes-long set-up inside this test")
     _runs_as(user)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "CUDA_"))}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),

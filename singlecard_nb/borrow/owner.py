@@ -137,13 +137,6 @@ class Borrowed:
                    _MISSING if value is None else value, f"${name}",
                    read=lambda: environ.get(name, _MISSING))
 
-    def add_handle(self, handle: Any, label: str) -> Any:
-        """Own a removable handle (anything with `.remove()`); returns it. Prefer `add_hook`:
-        a Ctrl-C between making the handle and this call cannot be held back."""
-        with uninterrupted():
-            self.on_restore(handle.remove, label)
-        return handle
-
     def add_hook(self, register: Callable[[], _Handle], label: str) -> _Handle:
         """`register()` (which registers a hook and returns its removable handle), owned at
         once: a Ctrl-C meanwhile is delivered once the handle is owned."""

@@ -18,6 +18,7 @@ Here the flow; its parts: `arguments` (our options, checked before the script ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -36,7 +37,19 @@ from .script import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, pin, inspect, run; returns the exit status."""
+    """Parse, pin, inspect, run; returns the exit status.
+
+    1. Parse: our options (before the script's), each checked before anything runs; a
+       mistake is argparse's one-line error and exit status 2.
+    2. In a rank of `--ranks N` (`--ranks-dir`): its status agent starts.
+    3. Pin: `--device` pins through `session.pin()`, single-card mode on (a world of N under
+       torchrun or `--ranks N`).
+    4. Inspect: `--inspect` starts `inspect_all`; the trap's words name the `--save` file.
+    5. Run the script as python would (`script.run`).
+    6. Exit, in `finally`: the agent told the status, the finder stopped, its findings
+       printed, the records saved (a rank's by its agent's exit work), the trap's words and
+       the pin given back; a save that failed makes the status 1.
+    """
     p = parser()
     ours, rest = split(list(sys.argv[1:] if argv is None else argv))
     refuse_abbreviations(p, ours)
@@ -64,13 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:  # TargetError, a broken machine file: nothing has run
             p.error(f"argument --device: {e}")
     finder = None
-    hint = None
+    given_back = contextlib.ExitStack()  # what the trap says, as it was, after the script
     if inspect:
-        from .. import borrow, errors
+        from ..errors import TRAP_ROWS
 
-        hint = borrow.Borrowed("the trap's words on a terminal")
-        hint.set_attr(errors, "rows_hint", at_exit.rows_hint(options.save), "NonFiniteError rows")
-        from ..inspection.finding.discovery import Discovery
+        given_back.enter_context(TRAP_ROWS.saying(at_exit.rows_hint(options.save)))
+        from ..inspection.finding import Discovery
 
         try:
             finder = Discovery(**inspect_options(options)).start()
@@ -104,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif options.save and not at_exit.save(finder, options.save):
                     status = status or 1  # the records asked for were not written: a failure
         finally:
-            if hint is not None:
-                hint.restore()
+            given_back.close()
             if options.device is not None:  # given back, as everything borrowed is
                 from .. import session
 

@@ -114,7 +114,7 @@ def check_script(p: argparse.ArgumentParser, script: str) -> None:
 def save_path(p: argparse.ArgumentParser, path: str) -> str:
     """`--save PATH` checked before the script runs, and made absolute, so a script that changes
     folder (os.chdir) still saves where the command line said."""
-    from ..inspection.runs.records import rank_path
+    from ..inspection.runs import rank_path
 
     try:
         rank_path(path, rank(), launched_world_size())

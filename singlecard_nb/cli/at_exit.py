@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..inspection.runs.record_file import model_part
+from ..inspection.runs import model_part
 
 
 def say_forked_child_leaves_the_save(parent: int, path: str) -> None:
@@ -58,20 +58,21 @@ def status_as_it_goes(finder: Any, agent: Any, seconds: float = 1.0) -> Any:
     at the rank's exit (also when it is stopped: lifeline.py)."""
     import time
 
-    from ..inspection.views.latest import Latest
+    from ..inspection.views import Latest
+    from ..ranks.rank_status import LATEST, RECORDS
 
     last = [0.0]
     latest: dict[str, Latest] = {}
 
     def beat() -> dict[str, Any]:
         found = finder.inspectors
-        said: dict[str, Any] = {"records": {name: insp.steps_recorded
+        said: dict[str, Any] = {RECORDS: {name: insp.steps_recorded
                                             for name, insp in found.items()}}
         if found and (agent.stopping or time.monotonic() - last[0] >= seconds):
             last[0] = time.monotonic()
             for name, insp in found.items():
                 latest.setdefault(name, Latest(insp))
-            said["latest"] = {name: view.snapshot() for name, view in latest.items()}
+            said[LATEST] = {name: view.snapshot() for name, view in latest.items()}
         return said
 
     return beat
@@ -106,7 +107,7 @@ def save(finder: Any, path: str, quiet: bool = False) -> bool:
 def _models(finder: Any) -> dict[str, Any]:
     """The models ours found, and those of an `inspect_all()` the script started itself (which
     stopped ours): every record the run made."""
-    from ..inspection.finding.discovery import current
+    from ..inspection.finding import current
 
     found = dict(finder.inspectors)
     theirs = current()

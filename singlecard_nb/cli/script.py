@@ -9,6 +9,8 @@ import sys
 import traceback
 from typing import Any
 
+from ..frames import trimmed
+
 
 def run(script: str | None, module: str | None, args: list[str], agent: Any = None) -> int:
     """Run the script as python would; its exit status (1 after an error, with explanation)."""
@@ -52,9 +54,7 @@ def _print_as_python_does(error: BaseException, module: str | None = None) -> bo
     """The traceback from the script's own frames on, as python prints it (ours and runpy's
     left out, the exception itself untouched); True when nothing of the script ran (its syntax
     error, a `-m` module that is not there): then that is all python prints."""
-    tb = error.__traceback__
-    while tb is not None and _is_launcher(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
+    tb = trimmed(error.__traceback__, keep=lambda filename: not _is_launcher(filename))
     if tb is None and module is not None and isinstance(error, ImportError):
         print(f"{sys.executable}: {error}", file=sys.stderr)  # python -m's own words
         return True

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Iterator
 from types import FrameType, TracebackType
 
-import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
+
+from ..frames import library_roots
 
 
 def normalised(filename: str) -> str:
@@ -29,8 +30,7 @@ _CALL_FRAMES = ("_wrapped_call_impl", "_call_impl", "inner", "_slow_forward")
 _MODULE_FILE = normalised(_module_impl.__file__)
 # Code that is not "where the user is": torch's and our own (all of singlecard_nb: the trap
 # raises in inspection/'s hooks) frames are skipped for `where`.
-LIBRARY_DIRS = tuple(os.path.normcase(os.path.dirname(os.path.abspath(p))) + os.sep for p in (
-    torch.__file__, os.path.dirname(__file__)))
+LIBRARY_DIRS = library_roots()  # torch's and ours, each ending in the path separator
 
 
 # --- reading the traceback -----------------------------------------------------------------

@@ -3,23 +3,16 @@ warned about once, never raised into the user's forward."""
 
 from __future__ import annotations
 
-import os
 import sys
 
-import torch
-
+from ..frames import user_frame
 from ..notices import Notices
-
-_OWN_FILES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
 
 
 def user_stacklevel() -> int:
     """The warnings stacklevel of the first caller outside singlecard_nb and torch (a warning
     from a hook then points at the user's line that ran the model)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
-        frame, level = frame.f_back, level + 1
-    return level
+    return 1 + user_frame(sys._getframe(1))[1]
 
 
 class Diagnostics:

@@ -4,9 +4,10 @@
         loss = model(x).sum(); loss.backward()
     insp.frame()      # one row per (step, module call, tensor)
 
-`Inspector` is the facade users call: options and start/stop here, what was recorded read and
-shown in `results.py`. Its parts, one module each in `recording/`: the call tracker (`calls.py`:
-the open call, steps, `every`), the recorder (`recorder.py`: tensors of the pending step), the
+`inspect()` is the spine, first below; `Inspector` is the facade users call, one class with
+two halves: options and start/stop, then what was recorded, read and shown. Its parts, one
+module each in `recording/`: the call tracker (`calls.py`: the open call, steps, `every`), the
+recorder (`recorder.py`: tensors of the pending step), the
 store (`store.py`: steps on the host), and the attach owner (`attach.py`: every hook and patch,
 whose state is `active`). Statistics are taken on the tensor's device (`kernel/stats.py`) and
 reach the host once per step. No activation is referenced after its hook returns, and a stopped
@@ -15,25 +16,76 @@ inspector holds its model only weakly.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from ..borrow import uninterrupted
 from .diagnostics import Diagnostics
-from .memory.table import MemoryWatch
+from .kernel.values import VALUES
+from .memory import MemoryWatch
 from .options import Kept, check_arguments, check_memory
 from .recording.attach import Attachment
 from .recording.calls import CallTracker, step_clock
 from .recording.compile_watch import compile_listeners
 from .recording.recorder import Recorder
-from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, Store
-from .results import InspectorResults
-from .targets import globs, select_targets
+from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, StepRecord, Store, to_frame
+from .targets import globs, select_targets, track_histograms
+from .views import Summary
 
 __all__ = ["COLUMNS", "Inspector", "inspect", "inspector"]
+
+
+def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads: bool = False,
+            trap: bool = False, max_rows: int | None = None, *, inputs: bool | str = "root",
+            hist=None, hist_bins: int = 64, exact_std: bool = False,
+            steps: str = "forward", params: bool = False, memory: bool = False) -> Inspector:
+    """Inspect `model`: use as `with inspect(model) as insp:` or call `.start()` / `.stop()`.
+
+    What happens, in order:
+    1. The options are checked (`options.check_arguments`): a bad one is refused naming its
+       value, before any hook is attached.
+    2. The parts are made: the call tracker, the recorder, the store on the host, the memory
+       watch (memory=True).
+    3. `start()`: the modules to record are chosen (`targets.select_targets`), an inspector
+       already recording this model is stopped, and every hook and patch is attached under
+       one owner (`recording/attach`), Ctrl-C held back until all of it is owned.
+    4. Each call of the model records its tensors' statistics on their device; they reach the
+       host once per step (trap=True reads each at once and raises `NonFiniteError`).
+    5. `stop()` (the `with` block's end, also on an error or Ctrl-C): every hook and patch is
+       given back and the last step moved to the host; the rows stay readable (`frame()`,
+       `summary()`, `findings()`, `live()`, `plot()`, `save()`).
+
+    include, exclude: glob patterns (str, comma-separated str, or list) matched against module
+        paths from `named_modules()` (the root is "") and class names.
+    every: record steps 0, N, 2N...; a step is one call of `model`'s forward, or what lies
+        between two `insp.step()` calls once you call it.
+    grads: also record gradients of module outputs ("grad") and parameter gradients
+        ("param_grad", index = parameter name).
+    trap: raise NonFiniteError at the first module output or gradient containing NaN/Inf. This
+        reads each result at once, so on a GPU it synchronises once per module.
+    max_rows: bound on rows kept (ring buffer; default 100 000); a warning says when reached.
+    inputs: "root" records the model's own inputs (keyword inputs included), True every
+        module's inputs, False none.
+    hist: globs of modules whose activation histograms are kept (latest step; see `insp.hist`).
+    exact_std: two-pass exact std instead of the one-pass sum of squares (slower).
+    steps: "forward" (each call of `model` is a step) or "manual" (only `insp.step()`
+        advances; for gradient accumulation).
+    params: after each optimiser step (torch.optim), record every parameter it updated
+        ("param", index = parameter name) and the gradient it used ("step_grad": under DDP
+        after the all-reduce). Parameters identical across ranks are what DDP promises;
+        `compare_ranks` checks them.
+    memory: also the bytes of each output's storage ("mem_out") and what each module's
+        forward saved for backward ("mem_saved"; on a GPU also the running peak, "mem_peak"),
+        and `insp.memory()`: what each module holds.
+    """
+    return Inspector(model, include, exclude, every, grads, trap, max_rows, inputs, hist,
+                     hist_bins, exact_std, steps, params, memory).start()
+
 
 # Inspectors recording a model (one per model: a re-run cell replaces the older one), and the
 # latest started per model for `inspector(model)`; keys are id(model), checked against .model.
@@ -41,8 +93,13 @@ _active: dict[int, Inspector] = {}
 _latest: weakref.WeakValueDictionary[int, Inspector] = weakref.WeakValueDictionary()
 
 
-class Inspector(InspectorResults):
-    """Records shapes and statistics of module tensors; see `inspect()` for the options."""
+
+class Inspector:
+    """Records shapes and statistics of module tensors; see `inspect()` for the options.
+
+    Two halves in one class: recording (options, start/stop, steps) and reading (rows,
+    histories, views), which reads the recording's parts (`_recorder`, `_store`, `_lock`,
+    `_calls`, `_memory`) and never changes them but to flush the pending step to the host."""
 
     every = Kept("_calls")
     grads = Kept("_recorder")
@@ -256,6 +313,174 @@ class Inspector(InspectorResults):
             self._wrapper = weakref.ref(wrapper)
             _latest[id(wrapper)] = self
 
+    # === reading: what was recorded, and the views of it ================================
+    # --- rows ------------------------------------------------------------------------------
+    @property
+    def steps_recorded(self) -> int:
+        """Recorded steps so far, the one whose rows are still on the device included (its
+        statistics reach the host with the next frame(), flush() or step)."""
+        with self._lock:
+            rows = self._recorder.pending.rows
+            waiting = bool(rows) and rows[0][0] != self._store.last_step
+            return self._store.steps_recorded + waiting
+
+    def frame(self, ranks: str | None = None):
+        """All recorded rows as a pandas DataFrame (columns: `COLUMNS`); safe to call from
+        another thread while the model runs (a snapshot of the steps that reached the host).
+
+        ranks: None for this process's rows; "all" for every rank's rows of a torch.distributed
+            job, gathered on its process group (a collective: call it on every rank). Outside a
+            multi-process job both give this process's rows.
+        """
+        from .runs import gather
+
+        self._recorder.flush()
+        return gather(to_frame(self._store.snapshot()), ranks)
+
+    def records(self) -> list[StepRecord]:
+        """The recorded steps on the host, oldest first, the pending one flushed there first:
+        what the views read (a snapshot, safe while the model runs in another thread)."""
+        self._recorder.flush()
+        return self._store.snapshot()
+
+    def save(self, path: str | os.PathLike):
+        """Write this process's records to an SQLite file; returns the path written.
+
+        In a job of several processes each rank writes its own file: `run.db` becomes
+        `run.rank<N>.db` (or put `{rank}` in the path, or give a directory). Read them back,
+        all ranks merged, with `singlecard_nb.load(path)`. The input channels' statistics and
+        the optimiser's param groups are saved beside the rows, so `scn.findings()` of the
+        loaded frame ranks as `insp.findings()` does.
+        """
+        from .runs import save
+
+        records = self.records()  # rows and extras of the same steps
+        return save(to_frame(records), path, meta={
+            "model": self._model_name, "every": self.every, "grads": self.grads,
+            "params": self.params, "include": self.include, "exclude": self.exclude,
+            "steps_recorded": self.steps_recorded, "rows_dropped": self._store.dropped},
+            extras=[r.extras for r in records if r.extras])
+
+    def last_step(self):
+        """Rows of the latest recorded step whose statistics reached the host."""
+        records = self._store.snapshot()
+        if not records:
+            return to_frame([])
+        step = records[-1].meta[0][0]
+        return to_frame([r for r in records if r.meta[0][0] == step])
+
+    def history(self, stat: str = "absmax", io: str = "output", training: bool | None = None):
+        """A module x step table of one statistic (each module's first call, first tensor).
+
+        training: True keeps rows of modules in train mode, False in eval mode, None both.
+        """
+        import pandas as pd
+
+        if stat not in VALUES:
+            raise ValueError(f"stat must be one of {', '.join(VALUES)}; got {stat!r}")
+        self._recorder.flush()
+        column = VALUES.index(stat)
+        series: dict[int, dict[str, float]] = {}
+        for record in self._store.snapshot():
+            rows = record.first_rows(io, training)
+            if not rows:
+                continue
+            step = series.setdefault(record.meta[0][0], {})
+            for path, row in rows.items():
+                step.setdefault(path, record.values[row, column])
+        return pd.DataFrame(series)
+
+    def histograms(self, steps: bool = False) -> dict[str, Any]:
+        """Latest histograms (counts, edges as numpy arrays) of modules selected by `hist`;
+        with `steps=True`, the recent steps' ones: a list of (step, counts, edges) per module."""
+        self._recorder.flush()
+        return self._store.histogram_steps() if steps else self._store.latest_histograms()
+
+    def summary(self, top: int | None = None) -> Summary:
+        """Per-module aggregate over steps, most changed first (the live view's order); renders
+        as a table in notebooks. top: only the first `top` modules."""
+        return Summary(self, top)
+
+    def memory(self, optimizer=None):
+        """memory=True: what each module holds (parameters, gradients, optimizer state, and of
+        the last recorded step the activations saved for backward and the outputs), biggest
+        first, with totals against the pinned card. `.frame()` gives the DataFrame.
+
+        optimizer: whose state to count (default: the torch.optim optimisers seen stepping
+            this model's parameters while inspected).
+        """
+        if self._memory is None:
+            raise ValueError("insp.memory() needs an inspector started with memory=True: "
+                             "scn.inspect(model, memory=True) or %inspect model --memory.")
+        self._recorder.flush()
+        return self._memory.table(self._model(), optimizer)
+
+    def add_listener(self, fn: Callable[[Any], None]) -> None:
+        """Call `fn(insp)` each time a recorded step's statistics reach the host, and when the
+        inspector stops."""
+        self._store.listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Any], None]) -> None:
+        if fn in self._store.listeners:
+            self._store.listeners.remove(fn)
+
+    def live(self):
+        """Display a view of the latest step that updates in place while training runs."""
+        from .views import live_view
+
+        return live_view(self)
+
+    def plot(self, stat: str = "absmax", training: bool | None = None, relative: bool = False,
+             top: int = 40, io: str = "output"):
+        """A module x step heatmap of `stat` (matplotlib Figure); steps run in eval mode are
+        marked. training: True or False keeps only rows in that mode. relative: each row ÷ its
+        first step. top: rows shown, those the ranking puts first (see `views.heatmap`).
+        io: "output", "input", "grad"; per parameter "param", "param_grad", "step_grad",
+        "update" (params=True / grads=True)."""
+        from .views import heatmap
+
+        return heatmap.heatmap(self, stat, io, training=training, relative=relative, top=top)
+
+    def findings(self, top: int | None = 10) -> list:
+        """The ranked rows that show something, likeliest cause first (`causes/`): every
+        recorded series (outputs, inputs, parameters, gradients, the optimiser's groups)."""
+        from .views import findings
+
+        self._recorder.flush()
+        return findings(self._tracks(), top)
+
+    def _tracks(self):
+        """Every recorded series of the steps that reached the host (`causes.Tracks`)."""
+        from .causes import Tracks
+
+        tracks = Tracks()
+        tracks.feed(self._store.snapshot())
+        return tracks
+
+    def hist(self, modules=None, bins: int | None = None):
+        """Histograms of activation values of `modules` (globs), computed on the device.
+
+        Histograms are taken for the modules given as `hist=` and, from the next recorded step
+        on, for any `modules` asked for here; no activation is kept for them. On a GPU each
+        histogram reads its range back once (torch.histc), so ask only for the modules you need.
+        """
+        from .views import histograms
+
+        patterns = globs(modules) or []
+        added = track_histograms(self._calls.targets, patterns)
+        self.hist_patterns = (self.hist_patterns or []) + patterns
+        try:
+            return histograms.histograms(self, modules, bins or self.hist_bins)
+        except ValueError:
+            if not added:
+                raise
+            raise ValueError(
+                f"no histogram recorded yet for {', '.join(added)}: they are taken from the next "
+                "recorded step on. Run a step, then call insp.hist() again.") from None
+
+    def _repr_html_(self) -> str:
+        return self.summary()._repr_html_()
+
 
 def inspector(model: nn.Module | None = None) -> Inspector:
     """The Inspector most recently started on `model`: by `inspect()`, `%inspect model`,
@@ -292,36 +517,3 @@ def recording_inspector(model: nn.Module) -> Inspector | None:
     """The active inspector recording `model` itself, if any (one model has one)."""
     found = _active.get(id(model))
     return found if found is not None and found.model is model else None
-
-
-def inspect(model: nn.Module, include=None, exclude=None, every: int = 1, grads: bool = False,
-            trap: bool = False, max_rows: int | None = None, *, inputs: bool | str = "root",
-            hist=None, hist_bins: int = 64, exact_std: bool = False,
-            steps: str = "forward", params: bool = False, memory: bool = False) -> Inspector:
-    """Inspect `model`: use as `with inspect(model) as insp:` or call `.start()` / `.stop()`.
-
-    include, exclude: glob patterns (str, comma-separated str, or list) matched against module
-        paths from `named_modules()` (the root is "") and class names.
-    every: record steps 0, N, 2N...; a step is one call of `model`'s forward, or what lies
-        between two `insp.step()` calls once you call it.
-    grads: also record gradients of module outputs ("grad") and parameter gradients
-        ("param_grad", index = parameter name).
-    trap: raise NonFiniteError at the first module output or gradient containing NaN/Inf. This
-        reads each result at once, so on a GPU it synchronises once per module.
-    max_rows: bound on rows kept (ring buffer; default 100 000); a warning says when reached.
-    inputs: "root" records the model's own inputs (keyword inputs included), True every
-        module's inputs, False none.
-    hist: globs of modules whose activation histograms are kept (latest step; see `insp.hist`).
-    exact_std: two-pass exact std instead of the one-pass sum of squares (slower).
-    steps: "forward" (each call of `model` is a step) or "manual" (only `insp.step()`
-        advances; for gradient accumulation).
-    params: after each optimiser step (torch.optim), record every parameter it updated
-        ("param", index = parameter name) and the gradient it used ("step_grad": under DDP
-        after the all-reduce). Parameters identical across ranks are what DDP promises;
-        `compare_ranks` checks them.
-    memory: also the bytes of each output's storage ("mem_out") and what each module's
-        forward saved for backward ("mem_saved"; on a GPU also the running peak, "mem_peak"),
-        and `insp.memory()`: what each module holds.
-    """
-    return Inspector(model, include, exclude, every, grads, trap, max_rows, inputs, hist,
-                     hist_bins, exact_std, steps, params, memory).start()

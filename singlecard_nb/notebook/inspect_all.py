@@ -22,7 +22,7 @@ from .arguments import inspect_options
 
 def inspect_all_line(magics: Any, args: Any) -> None:
     """`%inspect all [options]`, `%inspect all off`, `%inspect all show`."""
-    from ..inspection.finding.discovery import Discovery
+    from ..inspection.finding import Discovery
 
     action = args.name
     if action not in (None, "off", "show"):
@@ -81,7 +81,7 @@ def _clean_runs(magics: Any, finder: Any) -> None:
                 return original(*args, **kwargs)
             current.reset()
             # a run in this process, unless a `%run` of ranks inside says what it recorded
-            job.remember_ranks_run(WORLD_OF_ONE)
+            job.LAST_RANKS_RUN.remember(WORLD_OF_ONE)
             before = getattr(sys, "last_value", None)
             try:
                 return original(*args, **kwargs)

@@ -9,6 +9,8 @@ from typing import Any
 
 from IPython.display import display
 
+from ..ranks.rank_status import RECORDS
+
 
 class Progress:
     """Under `%inspect all`: each rank's recorded steps so far, one line updated in place."""
@@ -16,7 +18,7 @@ class Progress:
     def __init__(self, ranks: int):
         from IPython import get_ipython
 
-        from ..inspection.views.live import updates_in_place
+        from ..inspection.views import updates_in_place
 
         self.ranks = ranks
         self.handle: Any = None
@@ -30,7 +32,7 @@ class Progress:
                note: str | None = None) -> None:
         models: dict[str, dict[int, int]] = {}
         for rank, status in statuses.items():
-            for name, steps in ((status or {}).get("records") or {}).items():
+            for name, steps in ((status or {}).get(RECORDS) or {}).items():
                 models.setdefault(name, {})[rank] = steps
         if not models:
             return
@@ -59,7 +61,7 @@ class SideBySide(Progress):
     sent something new (each sends once a second)."""
 
     def __init__(self, ranks: int):
-        from ..inspection.runs.side_by_side import SideBySide as View
+        from ..inspection.runs import SideBySide as View
 
         super().__init__(ranks)
         self.view = View(ranks)

@@ -187,7 +187,7 @@ def _finder(shell: Any) -> tuple[Any, bool]:
     finder = getattr(magics, "finder", None)
     if finder is not None and finder.active:
         return finder, bool(getattr(magics, "finder_live", False))
-    from ..inspection.finding.discovery import current
+    from ..inspection.finding import current
 
     finder = current()
     return (finder, False) if finder is not None and finder.active else (None, False)
@@ -208,7 +208,19 @@ def cli_options(options: dict[str, Any]) -> list[str]:
 
 
 def run_ranks(shell: Any, line: str, setting: Setting) -> None:
-    """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang."""
+    """Run the script as `setting.ranks` processes; raises RankFailed / RanksHang.
+
+    1. Plan: the script's command line and the pinned target, each rank's command and
+       torchrun's variables (`ranks.launch.plan`: pure, nothing starts); under `%inspect all`
+       each rank inspects with the notebook's options and saves to the run's folder.
+    2. Start and watch: `ranks.run.RankJob.run()` starts the ranks, echoes `[rank k]`, reads
+       their status files (`ranks.rank_status`) for the cell's progress, and ends when all
+       exit 0, one fails, none moves for `hang_after` seconds, or on Ctrl-C, every rank
+       stopped as torchrun stops them.
+    3. Read back, in `finally`: the ranks' last statuses (a job that never formed a process
+       group is said), their records joined to `scn.inspectors()` and remembered for
+       `scn.compare_ranks()` (`job.LAST_RANKS_RUN`), and the run's folder removed.
+    """
     __tracebackhide__ = True  # noqa: F841
     from ..ranks import doctor, launch
     from ..ranks.run import RankJob
@@ -223,9 +235,9 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
         finder.reset()  # a new run: the previous run's models are forgotten
     ranks = launch.plan(setting.ranks, target, folder, program, options, environ=environ)
     progress = None if finder is None else (SideBySide if live else Progress)(setting.ranks)
-    job.remember_ranks_run("the last `%run` of ranks recorded nothing: turn `%inspect all "
-                           "--params` on before `%run`, so each rank records its models"
-                           if finder is None else None)
+    job.LAST_RANKS_RUN.remember("the last `%run` of ranks recorded nothing: turn `%inspect "
+                                "all --params` on before `%run`, so each rank records its "
+                                "models" if finder is None else None)
     ended, note = "stopped", None
     try:
         RankJob(ranks, folder, setting.hang_after,
@@ -245,9 +257,9 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
 
 
 def _statuses(folder: str, ranks: int) -> dict[int, Any]:
-    from ..ranks import agent
+    from ..ranks import rank_status
 
-    return {rank: agent.read(folder, rank) for rank in range(ranks)}
+    return {rank: rank_status.read(folder, rank) for rank in range(ranks)}
 
 
 def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
@@ -256,12 +268,11 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
     names the ranks gave them); one job per model is kept for `compare_ranks()`, and rank 0's
     model is what `scn.inspector()` answers with."""
     from ..inspection.engine import recorded_elsewhere
-    from ..inspection.runs.record_file import model_part
-    from ..inspection.runs.recorded import from_folder
-    from ..inspection.runs.records import load
+    from ..inspection.runs import from_folder, load, model_part
+    from ..ranks.rank_status import RECORDS
 
     named = {model_part(name): name for status in statuses.values()
-             for name in ((status or {}).get("records") or {})}
+             for name in ((status or {}).get(RECORDS) or {})}
     found = {}
     for key, recorded in from_folder(folder).items():
         model, _, rank = key.rpartition("[rank ")
@@ -269,12 +280,12 @@ def _read_back(finder: Any, folder: str, statuses: dict[int, Any],
         found[recorded.name] = recorded
     finder.adopt(found)
     if not found:
-        job.remember_ranks_run("the last `%run` of ranks recorded nothing: no rank called a "
-                               "model with parameters")
+        job.LAST_RANKS_RUN.remember("the last `%run` of ranks recorded nothing: no rank "
+                                    "called a model with parameters")
         return
     jobs: dict[str, list[str]] = {}
     for name, recorded in found.items():
         jobs.setdefault(name.rsplit("[rank ", 1)[0], []).append(str(recorded.path))
-    job.remember_ranks_run({model: load(paths) for model, paths in jobs.items()}, note)
+    job.LAST_RANKS_RUN.remember({model: load(paths) for model, paths in jobs.items()}, note)
     rank_0 = [r for r in found.values() if r.rank == 0] or list(found.values())
     recorded_elsewhere(max(rank_0, key=lambda r: r.steps_recorded))

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..borrow import Borrowed, wrap_like
+from ..frames import user_frame
 from ..notices import Notices
 
 
@@ -67,11 +68,8 @@ def _users_frame(ours: Any) -> tuple[Any, int]:
     """The first frame outside torch and this package above `ours` (the frame of a patched
     function: torch.cuda.amp's classes call it through super()), and the stacklevel of that
     frame for a notice said in `ours`."""
-    frame, level = ours, 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            ("torch.", "singlecard_nb", "typing_extensions")):  # its @deprecated wraps amp's
-        frame, level = frame.f_back, level + 1
-    return frame, level
+    users, steps = user_frame(ours, also=("typing_extensions",))  # its @deprecated wraps amp's
+    return (users, 1 + steps) if users is not None else (ours, 1)
 
 
 @contextlib.contextmanager

@@ -236,7 +236,3 @@ def _from_torch(frame: Any) -> bool:
 
 def _where(frame: Any) -> str:
     return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
-
-
-def _line(frame: Any) -> str:
-    return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()

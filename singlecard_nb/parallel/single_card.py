@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import job
 from ..borrow import Borrowed
 from ..notices import Notices
 from . import (
@@ -52,13 +52,9 @@ from .under_cpu import under_cpu
 __all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
 # What torchrun would export for a one-process job; provided only where the variable is unset.
-TORCHRUN_ENV = {
-    "RANK": "0",
-    "LOCAL_RANK": "0",
-    "WORLD_SIZE": "1",
-    "LOCAL_WORLD_SIZE": "1",
-    "MASTER_ADDR": "127.0.0.1",
-}
+TORCHRUN_ENV = {**{name: value for name, value in job.torchrun_environ(0, 1).items()
+                   if name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")},
+                "MASTER_ADDR": job.LOCALHOST}
 
 _BOOKKEEPING = "single-card mode state"  # the owner's own clean-up entry, not a patch
 
@@ -204,7 +200,7 @@ def _provide_torchrun_env(owner: Borrowed,
             owner.set_env(name, value, environ)
             provided.add(name)
     if "MASTER_PORT" not in environ:
-        owner.set_env("MASTER_PORT", str(_free_port()), environ)
+        owner.set_env("MASTER_PORT", str(job.free_port()), environ)
         provided.add("MASTER_PORT")
     return frozenset(provided)
 
@@ -214,12 +210,6 @@ def _in_ipython() -> bool:
     run of `python -m singlecard_nb`)."""
     ipython = sys.modules.get("IPython")
     return ipython is not None and ipython.get_ipython() is not None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ import torch
 import torch.multiprocessing as mp
 
 from ..borrow import Borrowed, wrap_like
+from ..frames import user_frame
+from ..job import torchrun_environ
 from ..notices import Notices
 from . import world_size
 
@@ -129,22 +131,17 @@ def _patch_elastic_launch(owner: Borrowed, notices: Notices) -> None:
                    "torch.distributed.launcher.api.launch_agent (elastic_launch)")
 
 
-_LIBRARIES = ("torch.", "accelerate", "lightning", "pytorch_lightning", "singlecard_nb")
+_LAUNCHERS = ("accelerate", "lightning", "pytorch_lightning")
 
 
 def _users_line(frame: Any) -> int:
     """The stacklevel, for a notice said in the function whose caller is `frame`, of the first
     frame outside torch, the launching libraries and this package: the user's call."""
-    level = 2
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_LIBRARIES):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
+    users, steps = user_frame(frame, also=_LAUNCHERS)
+    return 2 + steps if users is not None else 2
 
 
-# what torchrun sets for each worker, here for the one
-_RANK_0_OF_1 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
-                "ROLE_WORLD_SIZE": "1"}
+_RANK_0_OF_1 = torchrun_environ(0, 1)  # what torchrun sets for each worker, here for the one
 
 
 def _put_back(environ: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """Described machines: the JSON a SINGLECARD_NB_MACHINE file holds, checked field by field.
 
-`check(data)` turns a described machine (docs/ARCHITECTURE.md, "Described machines") into
+`check(data)` turns a described machine (docs/internals.md, "Described machines") into
 plain checked fields, or raises ValueError naming the entry and field that is wrong
 (`gpus[1].memory_total: ...`); `read(path)` does the same for a file and raises
 `MachineFileError`, one line naming the file too. `model.Machine` builds itself from the

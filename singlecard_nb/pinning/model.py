@@ -114,7 +114,7 @@ class Machine:
         source: str = "described",
         environ: Mapping[str, str] | None = None,
     ) -> Machine:
-        """Build a described machine from the JSON format in docs/ARCHITECTURE.md.
+        """Build a described machine from the JSON format in docs/internals.md.
 
         Raises ValueError naming the entry and field that is wrong (e.g. `gpus[1].memory_total`).
         """

@@ -2,32 +2,31 @@
 
 A daemon thread samples the main thread's stack every `INTERVAL` seconds (gloo and DDP release
 the GIL while they wait, so the thread runs while the rank is stuck in a collective) and writes
-`rank<k>.json` in the run's folder: the user's own `file:line`, the collective it is in (if
-any), a progress count that moves when the stack or the CPU time moves, what was recorded, the
-script's last torch.distributed calls (collectives.py), the exception if the script raised, and
-how it left (an exit status and the line of the `sys.exit`). A rank killed in native code (gloo
-aborting on a collective mismatch, a segfault) leaves faulthandler's dump of its stacks in
-`rank<k>.fault`, which `read()` turns into where it was when it died. It runs before the script.
+`rank<k>.json` in the run's folder (its fields: rank_status.py's `RankStatus`): the user's
+own `file:line`, the collective it is in (if any), a progress count that moves when the stack or
+the CPU time moves, what was recorded, the script's last torch.distributed calls
+(collectives.py), the exception if the script raised, and how it left (an exit status and the
+line of the `sys.exit`). A rank killed in native code (gloo aborting on a collective mismatch,
+a segfault) leaves faulthandler's dump of its stacks in `rank<k>.fault`, which
+`rank_status.read()` turns into where it was when it died. It runs before the script.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
-import re
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..borrow import Borrowed
+from . import rank_status
 from .collectives import CollectiveLog
 from .lifeline import TERMINATED, Lifeline
-from .where import frames_of, is_user_file, library_roots, locate, raised_frames
+from .where import frames_of, is_user_file, locate, raised_frames
 
 INTERVAL = 0.5  # seconds between samples
 _TRACEBACK_LINES = 60  # of a failed rank's traceback, kept in its status
@@ -39,21 +38,20 @@ class Agent:
 
     def __init__(self, folder: str | os.PathLike, rank: int,
                  clock: Callable[[], float] = time.monotonic):
-        self.path = Path(folder) / f"rank{rank}.json"
+        self.path = rank_status.path(folder, rank)
         self.rank = rank
         self._clock = clock
         self._main = threading.main_thread().ident
-        self._roots = library_roots()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = 0
         self._last: tuple[Any, float] | None = None  # (stack signature, CPU time)
-        self._extra: dict[str, Any] = {}
+        self._extra: rank_status.RankStatus = {}
         self._periodic: list[Callable[[], dict[str, Any] | None]] = []
         self._lock = threading.Lock()
         self.stopping = False
         self.lifeline = Lifeline(folder)
-        self.collectives = CollectiveLog(lambda name: is_user_file(name, self._roots))
+        self.collectives = CollectiveLog(is_user_file)
         self._owner = Borrowed("the ranks' agent: torch.distributed calls counted")
         self._fault: Any = None
         self._formed = False  # a process group was seen: the ranks formed one job
@@ -88,10 +86,9 @@ class Agent:
     def raised(self, error: BaseException) -> None:
         """The script raised: said before its traceback is printed, so the first rank to fail
         is known even when the others fail a moment later (their peer went away)."""
-        self._extra["raised"] = {"error": f"{type(error).__name__}: {error}"[:500],
-                                 "at": time.time(),
-                                 **locate(raised_frames(error), self._roots),
-                                 "traceback": self._traceback(error)}
+        self._extra[rank_status.RAISED] = {
+            "error": f"{type(error).__name__}: {error}"[:500], "at": time.time(),
+            **locate(raised_frames(error)), "traceback": self._traceback(error)}
         self._write(self._sample())
 
     def left(self, status: int, exit: BaseException | None = None) -> None:
@@ -99,15 +96,15 @@ class Agent:
         its end (status 0); said at once, so that the first rank to leave is known."""
         place: dict[str, Any] = {"where": None, "function": None, "collective": None}
         if exit is not None:
-            place = locate(raised_frames(exit), self._roots)
-        self._extra["left"] = {"status": status, "at": time.time(), **place}
+            place = locate(raised_frames(exit))
+        self._extra[rank_status.LEFT] = {"status": status, "at": time.time(), **place}
         self._write(self._sample())
 
     def _traceback(self, error: BaseException) -> str:
         """The traceback as python prints it, from the script's own first frame on (the
         launcher's and runpy's left out), its middle cut on a deep stack."""
         tb = error.__traceback__
-        while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename, self._roots):
+        while tb is not None and not is_user_file(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         lines = "".join(traceback.format_exception(
             type(error), error, tb or error.__traceback__)).splitlines()
@@ -121,7 +118,7 @@ class Agent:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * INTERVAL)
-        self._extra["exit"] = status
+        self._extra[rank_status.EXIT] = status
         self.stopping = True  # the last beat: a periodic fn says its last word now
         self._beat()
         self._owner.restore()
@@ -140,15 +137,15 @@ class Agent:
 
     def _failed(self, error: Exception) -> None:
         said = f"{type(error).__name__}: {error}"[:300]
-        if self._extra.get("agent_error") != said:
-            self._extra["agent_error"] = said
+        if self._extra.get(rank_status.AGENT_ERROR) != said:
+            self._extra[rank_status.AGENT_ERROR] = said
             print(f"singlecard_nb: rank {self.rank}'s status thread failed ({said}); the hang "
                   "doctor may not see this rank move.", file=sys.__stderr__, flush=True)
 
     def _last_words(self, why: str) -> None:
         """The status of a rank whose main thread never came back to end it (stuck in a
         collective): it ends here, with SIGTERM's exit status."""
-        self._extra.update({"exit": TERMINATED, "ended": why})
+        self._extra.update({rank_status.EXIT: TERMINATED, rank_status.ENDED: why})
         self.stopping = True
         self._beat()
 
@@ -157,12 +154,12 @@ class Agent:
             try:
                 more = fn()
             except Exception as e:  # said in the status, which the notebook shows
-                more = {"agent_error": f"{type(e).__name__}: {e}"}
+                more = {rank_status.AGENT_ERROR: f"{type(e).__name__}: {e}"}
             if more:
                 self._extra.update(more)
         self._write(self._sample())
 
-    def _sample(self) -> dict[str, Any]:
+    def _sample(self) -> rank_status.RankStatus:
         frame = sys._current_frames().get(self._main)
         frames = frames_of(frame)
         cpu = time.process_time()
@@ -173,14 +170,12 @@ class Agent:
         self._last = (signature, cpu)
         self._formed = self._formed or self.collectives.count > 0 or _group_formed()
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
-                "time": time.time(), **locate(frames, self._roots), "formed": self._formed,
-                "collectives": self.collectives.snapshot(), **self._extra}
+                "time": time.time(), **locate(frames), "formed": self._formed,
+                "collectives": self.collectives.snapshot(), **self._extra}  # a RankStatus
 
-    def _write(self, status: dict[str, Any]) -> None:
+    def _write(self, status: rank_status.RankStatus) -> None:
         with self._lock:
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(status))
-            os.replace(temporary, self.path)  # the notebook never reads half a file
+            rank_status.write(self.path, status)
 
 
 def _group_formed() -> bool:
@@ -190,60 +185,3 @@ def _group_formed() -> bool:
         return bool(dist is not None and dist.is_available() and dist.is_initialized())
     except Exception:  # a torch half imported, while the script imports it
         return False
-
-
-class Statuses:
-    """Every rank's latest status, each file read again only when it changed (the notebook
-    looks ten times a second, a rank writes twice)."""
-
-    def __init__(self, folder: str | os.PathLike, ranks: Sequence[int]):
-        self.folder, self.ranks = Path(folder), list(ranks)
-        self._seen: dict[int, tuple[Any, dict[str, Any] | None]] = {}
-
-    def read(self) -> dict[int, dict[str, Any] | None]:
-        for rank in self.ranks:
-            stamp = (_stamp(self.folder / f"rank{rank}.json"),
-                     _stamp(self.folder / f"rank{rank}.fault"))
-            if rank not in self._seen or self._seen[rank][0] != stamp:
-                self._seen[rank] = (stamp, read(self.folder, rank))
-        return {rank: self._seen[rank][1] for rank in self.ranks}
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size  # os.replace gives a new inode
-
-
-def read(folder: str | os.PathLike, rank: int) -> dict[str, Any] | None:
-    """Rank `rank`'s latest status (None before its first); with "fault" where the rank died
-    in native code (faulthandler's dump: the error, where its main thread was)."""
-    try:
-        status = json.loads((Path(folder) / f"rank{rank}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    try:
-        dump = (Path(folder) / f"rank{rank}.fault").read_text(errors="replace")
-    except OSError:
-        dump = ""
-    if dump.strip():
-        status["fault"] = fault(dump)
-    return status
-
-
-_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$', re.MULTILINE)
-
-
-def fault(dump: str) -> dict[str, Any]:
-    """faulthandler's dump as {"error": "Aborted", "where", "function", "collective"} of the main
-    thread (the one `python -m singlecard_nb` started in: runpy at its bottom)."""
-    first = dump.strip().splitlines()[0]
-    error = first.split(":", 1)[1].strip() if first.startswith("Fatal Python error:") else first
-    blocks = [_FRAME.findall(block) for block in _THREAD.split(dump)[1:]]
-    frames = [[(f, int(line), fn) for f, line, fn in block] for block in blocks]
-    main = next((b for b in frames if any(fn == "_run_module_as_main" for _, _, fn in b)),
-                frames[0] if frames else [])
-    return {"error": error[:200], **locate(main, library_roots())}

@@ -1,6 +1,6 @@
 """The hang doctor: what each rank was doing when the job stopped, in words.
 
-Pure functions of the ranks' last statuses (agent.py) and exit codes: how each rank left (it
+Pure functions of the ranks' last statuses (rank_status.py) and exit codes: how each rank left (it
 raised, it exited with a status at a line, it died in native code), which left first (by exit 0
 too, while the others waited), where each rank waits (the collective and the user's own
 file:line), which ranks never arrived at a collective the others wait in, and a collective
@@ -15,12 +15,26 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
+from .rank_status import (
+    AGENT_ERROR,
+    COLLECTIVE,
+    COLLECTIVES,
+    FAULT,
+    FORMED,
+    FUNCTION,
+    LEFT,
+    RAISED,
+    TIME,
+    WHERE,
+    RankStatus,
+)
+
 DOCS = "docs/ranks.md"
 MISMATCH = "one rank ran more steps or an extra collective"
 # what gloo (a size that does not match) and TORCH_DISTRIBUTED_DEBUG=DETAIL say of a mismatch
 MISMATCH_WORDS = ("distributed collective mismatch", "Detected mismatch between collectives")
 
-Status = Mapping[str, Any]
+Status = RankStatus
 
 
 class RanksHang(RuntimeError):
@@ -56,20 +70,20 @@ def ending(status: Status | None, code: int | None) -> dict[str, Any] | None:
     """How a rank left, or None while it runs: {"kind": "raised" | "exited" | "died", "at",
     "where", "collective", "text"}; "exited" also has "status"."""
     status = status or {}
-    if status.get("raised"):
-        raised = status["raised"]
+    if status.get(RAISED):
+        raised = status[RAISED]
         return {"kind": "raised", "at": raised.get("at", 0.0), "where": raised.get("where"),
                 "collective": raised.get("collective"), "text": raised.get("error", "")}
-    if status.get("left") and (code is None or code >= 0):
-        left = status["left"]
+    if status.get(LEFT) and (code is None or code >= 0):
+        left = status[LEFT]
         return {"kind": "exited", "at": left.get("at", 0.0), "where": left.get("where"),
                 "collective": left.get("collective"), "status": left.get("status"),
                 "text": f"exit status {left.get('status')}"}
     if code is None:
         return None
-    fault = status.get("fault") or {}
+    fault = status.get(FAULT) or {}
     # no word of its own: its death followed its last status
-    return {"kind": "died", "at": status.get("time", float("-inf")), "where": fault.get("where"),
+    return {"kind": "died", "at": status.get(TIME, float("-inf")), "where": fault.get("where"),
             "collective": fault.get("collective"), "text": fault.get("error") or _code(code),
             "fault": bool(fault)}
 
@@ -118,7 +132,7 @@ def _point(status: Status | None, code: int | None = None,
     away) is where it was waiting, so the answer does not depend on who the notebook saw first."""
     if not status:
         return None, _short(None)
-    place: Status = status
+    place: Mapping[str, Any] = status
     end = ending(status, code) if stopped else None
     if end is not None and end.get("where"):
         place = end
@@ -134,12 +148,12 @@ def describe(rank: int, status: Status | None, code: int | None) -> str:
         return f"rank {rank}: exited with status {code}"
     if status is None:
         return f"rank {rank}: never started its script (no status yet)"
-    where = f"{_short(status.get('where'))}" + (
-        f" (in {status['function']})" if status.get("function") else "")
-    if status.get("agent_error"):  # it may have worked on, unseen
-        where += f"; its status thread failed ({status['agent_error'][:120]}), so it was not seen"
-    if status.get("collective"):
-        return f"rank {rank}: waits in {status['collective']} at {where}"
+    where = f"{_short(status.get(WHERE))}" + (
+        f" (in {status[FUNCTION]})" if status.get(FUNCTION) else "")
+    if status.get(AGENT_ERROR):  # it may have worked on, unseen
+        where += f"; its status thread failed ({status[AGENT_ERROR][:120]}), so it was not seen"
+    if status.get(COLLECTIVE):
+        return f"rank {rank}: waits in {status[COLLECTIVE]} at {where}"
     return f"rank {rank}: in no collective, at {where}"
 
 
@@ -187,7 +201,7 @@ def never_arrived(statuses: Mapping[int, Status | None], codes: Mapping[int, int
 
 def never_grouped(statuses: Mapping[int, Status | None]) -> str | None:
     """Said when no rank ever was in a process group: N runs side by side, not one job."""
-    if len(statuses) < 2 or any(s is None or s.get("formed") for s in statuses.values()):
+    if len(statuses) < 2 or any(s is None or s.get(FORMED) for s in statuses.values()):
         return None
     return (f"the ranks never formed a process group: {len(statuses)} independent runs (the "
             "script calls no `init_process_group`, or a library ran each rank as a world of "
@@ -202,7 +216,7 @@ def _call(entry: Mapping[str, Any]) -> str:
 
 def parted(statuses: Mapping[int, Status | None]) -> str | None:
     """The first collective two ranks' logs differ in (collectives.py), as a sentence."""
-    logs = {r: {e["n"]: e for e in (s or {}).get("collectives") or []}
+    logs = {r: {e["n"]: e for e in (s or {}).get(COLLECTIVES) or []}
             for r, s in statuses.items()}
     ranks = sorted(r for r, log in logs.items() if log)
     for i, a in enumerate(ranks):
@@ -223,7 +237,7 @@ def mismatch(statuses: Mapping[int, Status | None], codes: Mapping[int, int | No
     parts = parted(statuses)
     words = dict(said)
     for rank, status in statuses.items():
-        error = ((status or {}).get("raised") or {}).get("error", "")
+        error = ((status or {}).get(RAISED) or {}).get("error", "")
         if rank not in words and any(w in error for w in MISMATCH_WORDS):
             words[rank] = error
     if not words:
@@ -298,7 +312,7 @@ def failure_report(failed: int, statuses: Mapping[int, Status | None],
     if end["kind"] == "exited" and end.get("status") == 0:
         head += " while the others waited"
     lines = [f"{head}; the other ranks were stopped."]
-    raised = status.get("raised") or {}
+    raised = status.get(RAISED) or {}
     if raised.get("traceback"):
         lines.append(f"The cause, rank {failed}'s traceback (also above, under [rank {failed}]):")
         lines += [f"  {line}" for line in raised["traceback"].splitlines()]

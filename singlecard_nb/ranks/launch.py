@@ -12,20 +12,15 @@ from __future__ import annotations
 import json
 import os
 import site
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..job import TORCHRUN_VARIABLES, free_port, torchrun_environ
 from . import lifeline
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # holds singlecard_nb/
-# What a launcher sets per rank; a value the notebook has (single-card mode's RANK=0) is replaced
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-
 
 NOTEBOOK_PATH = "SINGLECARD_NB_SYS_PATH"  # the notebook's sys.path, as JSON
 
@@ -61,13 +56,6 @@ def _installed(root: str) -> bool:
     return os.path.abspath(root) in {os.path.abspath(p) for p in sites}
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (rank 0's TCP store takes it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def plan(ranks: int, target: str, folder: str, program: Sequence[str],
          inspect_options: Sequence[str] = (), environ: Mapping[str, str] | None = None,
          port: int | None = None, python: str = sys.executable,
@@ -96,11 +84,7 @@ def plan(ranks: int, target: str, folder: str, program: Sequence[str],
         base.setdefault("ACCELERATE_USE_CPU", "true")  # with no GPU they run N worlds of one
     base["PYTHONUNBUFFERED"] = "1"  # output reaches the cell line by line, as it comes
     base[lifeline.PARENT] = str(os.getpid() if parent is None else parent)
-    shared = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0",
-              "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ranks),
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port()),
-              "TORCHELASTIC_RESTART_COUNT": "0"}
+    port = port or free_port()  # a value the notebook has (single-card mode's RANK=0) replaced
     argv = (python, "-m", "singlecard_nb", "--device", target, "--ranks-dir", folder,
             *inspect_options, *(("--",) if program and program[0] != "-m" else ()), *program)
-    return [Rank(k, argv, {**base, **shared, "RANK": str(k), "LOCAL_RANK": str(k),
-                           "ROLE_RANK": str(k)}) for k in range(ranks)]
+    return [Rank(k, argv, {**base, **torchrun_environ(k, ranks, port)}) for k in range(ranks)]

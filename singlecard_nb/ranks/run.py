@@ -3,7 +3,7 @@
 `RankJob(ranks, folder).run()` starts each rank in its own session (so one signal reaches the
 rank and whatever it started, DataLoader workers included), reads its stdout and stderr in
 threads, and in the calling thread: echoes each line prefixed `[rank k]`, watches the exits
-and the ranks' statuses (agent.py), and decides:
+and the ranks' statuses (rank_status.py), and decides:
 - all exited 0: done;
 - one exited with an error: stop the others, raise `RankFailed` (which rank, where the others
   waited);
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..borrow import uninterrupted
-from . import agent, doctor, lifeline
+from . import agent, doctor, lifeline, rank_status
 from .launch import Rank
 
 POLL = 0.1  # seconds between looks at exits and statuses
@@ -75,7 +75,7 @@ class RankJob:
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
         self.said: dict[int, str] = {}  # what a rank printed of a collective mismatch
-        self._statuses = agent.Statuses(folder, [spec.rank for spec in self.ranks])
+        self._statuses = rank_status.Statuses(folder, [spec.rank for spec in self.ranks])
 
     def run(self) -> dict[int, int]:
         """Run to the end; {rank: exit status} (all 0), or raise as the module says."""
@@ -126,7 +126,7 @@ class RankJob:
             statuses = self._statuses.read()
             now = time.monotonic()
             for r, status in statuses.items():
-                mark = None if status is None else status.get("progress")
+                mark = None if status is None else status.get(rank_status.PROGRESS)
                 ended = codes[r] is not None and r not in exited  # an exit moves once
                 # Starting Python and torch is no hang: a rank's clock starts at its first word
                 starting = status is None and codes[r] is None
@@ -160,7 +160,7 @@ class RankJob:
         since, deadline = time.time(), time.monotonic() + agent.INTERVAL + 2 * POLL
         while True:
             stale = [r for r, p in self.processes.items()
-                     if p.poll() is None and (statuses.get(r) or {}).get("time", 0.0) < since]
+                     if p.poll() is None and (statuses.get(r) or {}).get(rank_status.TIME, 0.0) < since]
             if not stale or time.monotonic() >= deadline:
                 return statuses
             time.sleep(POLL)

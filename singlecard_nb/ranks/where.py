@@ -6,31 +6,18 @@ location."""
 from __future__ import annotations
 
 import os
-import sysconfig
 from collections.abc import Sequence
 from typing import Any
+
+from .. import frames
 
 Frame = tuple[str, int, str]  # (file name, line, function), innermost first
 
 
-def library_roots() -> tuple[str, ...]:
-    import torch
-
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # singlecard_nb
-             os.path.dirname(os.path.abspath(torch.__file__))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.abspath(path))
-    return tuple(sorted(roots, key=len, reverse=True))
-
-
-def is_user_file(filename: str, roots: Sequence[str]) -> bool:
-    """Not torch's, not ours, not the standard library's or an installed package's."""
-    if filename.startswith("<"):  # <frozen runpy>, <string>
-        return False
-    path = os.path.abspath(filename)
-    return not any(path == root or path.startswith(root + os.sep) for root in roots)
+def is_user_file(filename: str) -> bool:
+    """Not torch's, not ours, not the standard library's, an installed package's or a frozen
+    module's: the user's own script (frames.py's rule, with `installed`)."""
+    return frames.is_user_file(filename, installed=True)
 
 
 def _collective(frame: Frame) -> str | None:
@@ -46,13 +33,13 @@ def _collective(frame: Frame) -> str | None:
     return None
 
 
-def locate(frames: Sequence[Frame], roots: Sequence[str]) -> dict[str, Any]:
+def locate(stack: Sequence[Frame]) -> dict[str, Any]:
     """{"where": "file:line" of the innermost user frame, "collective": the torch.distributed
     call made from it (None: not in one)}; frames innermost first."""
-    for index, frame in enumerate(frames):
-        if is_user_file(frame[0], roots):
+    for index, frame in enumerate(stack):
+        if is_user_file(frame[0]):
             collective = None
-            for callee in reversed(frames[:index]):  # from the user's call inwards
+            for callee in reversed(stack[:index]):  # from the user's call inwards
                 collective = _collective(callee)
                 if collective is not None:
                     break

@@ -4,7 +4,7 @@
 the CPU allocator's "can't allocate memory: you tried to allocate N bytes" are read for their
 numbers; what was resident is read from the model (parameters, gradients, optimizer state of
 the optimisers that hold its parameters) and, where an inspector with memory=True recorded the
-failing step, from its per-module table (`capacity.module_table`). The micro-batch is sized
+failing step, from its per-module table (`capacity.MEMORY_TABLES`). The micro-batch is sized
 from those numbers; `scn.fit` gives the exact figure before running.
 """
 
@@ -16,7 +16,7 @@ import re
 import torch
 from torch import nn
 
-from ...capacity import host_card, module_table, pinned_card, size_text
+from ...capacity import MEMORY_TABLES, host_card, pinned_card, size_text
 from ...job import launched_world_size
 from ..failure import Failure
 
@@ -119,7 +119,7 @@ def out_of_memory(f: Failure) -> str | None:
              (int(m[1]) if (m := re.search(r"allocate (\d+) bytes", f.message)) else None))
     root = f.root if isinstance(f.root, nn.Module) else f.module
     model = root.module if isinstance(root, nn.DataParallel) else root
-    table = module_table(model) or module_table(root)
+    table = MEMORY_TABLES.of(model) or MEMORY_TABLES.of(root)
     kinds = _resident(model, table)
     what = f"{size_text(tried)}" if tried is not None else "more memory"
     parts = ", ".join(f"{k} {size_text(v)}" for k, v in kinds.items() if v)

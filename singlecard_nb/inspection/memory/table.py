@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...capacity import Card, host_card, pinned_card, publish_table, size_text, withdraw_table
+from ...capacity import MEMORY_TABLES, Card, host_card, pinned_card, size_text
 from ...theme import NO_MATH_CLASSES, no_math
 from ..targets import target_of
 from .ledger import MemoryLedger, storage_of
@@ -168,10 +168,10 @@ class MemoryWatch:
 
     def started(self, model: nn.Module, listen: Callable[[Callable], None]) -> None:
         listen(self._saw_optimizer)
-        publish_table(model, self._published)
+        MEMORY_TABLES.publish(model, self._published)
 
     def stopped(self, model: nn.Module | None) -> None:
-        withdraw_table(model, self._published)
+        MEMORY_TABLES.withdraw(model, self._published)
 
     def table(self, model: nn.Module | None, optimizer: Any = None) -> MemoryTable:
         optimizers = [optimizer] if optimizer is not None else list(self._optimizers)

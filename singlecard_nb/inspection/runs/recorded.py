@@ -1,20 +1,108 @@
-"""Records read back from their files: the ranking of a saved run (`scn.findings`), and a
-model's records from one rank of a job, what `scn.inspectors()` holds after a `%run` of N ranks
-(`GPT[rank 1]`): the rows, their findings and summary, no model."""
+"""A recorded run, as a reader has it: the rows of every rank gathered in a live job
+(`gather`), record files found and merged into one frame (`scn.load`), the ranking of a saved
+run (`scn.findings`), and a model's records from one rank of a job, what `scn.inspectors()`
+holds after a `%run` of N ranks (`GPT[rank 1]`): the rows, their findings and summary, no
+model. One file's layout, writing and reading are record_file.py's."""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..causes.series import FRAME_COLUMNS
-from ..views import ranking
-from ..views.summary import Summary
-from .records import load, read_one
+import torch
+
+from ..causes import Tracks
+from ..causes.series import ATTRS, FRAME_COLUMNS
+from ..views import Summary
+from ..views import findings as ranked
+from .record_file import is_sqlite, read_one
 
 _RANK_FILE = re.compile(r"^(?P<stem>.+?)(?:\.(?P<model>[^.]+))?\.rank(?P<rank>\d+)\.db$")
+
+
+def gather(frame, ranks: str | None = None):
+    """Every rank's rows (ranks="all") or this process's (ranks=None).
+
+    Under a multi-process job this is a collective on the default process group: every rank
+    must call it. Only the frames of statistics travel (pickled by all_gather_object), never a
+    tensor of the model.
+    """
+    import pandas as pd
+
+    if ranks not in (None, "all"):
+        raise ValueError(f"ranks must be None (this process) or 'all'; got {ranks!r}")
+    dist = torch.distributed
+    if ranks is None or not (dist.is_available() and dist.is_initialized()):
+        return frame
+    world = dist.get_world_size()
+    if world == 1:
+        return frame
+    frames: list[Any] = [None] * world
+    dist.all_gather_object(frames, frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+
+
+# --- loading ----------------------------------------------------------------------------------
+def find(path_or_glob: str | os.PathLike | Iterable) -> list[Path]:
+    """The record files meant by a path, a directory, a glob, or a list of those."""
+    if not isinstance(path_or_glob, (str, os.PathLike)):
+        return [p for item in path_or_glob for p in find(item)]
+    text = os.fspath(path_or_glob)
+    target = Path(text)
+    if target.is_dir():
+        files = sorted(p for p in target.iterdir() if p.is_file() and is_sqlite(p))
+    elif target.is_file():
+        files = [target]
+    else:
+        files = [Path(p) for p in sorted(glob.glob(text)) if Path(p).is_file()]
+        if not files:  # `run.db` saved by several ranks is run.rank0.db, run.rank1.db ...
+            files = [Path(p) for p in sorted(glob.glob(glob.escape(
+                str(target.with_name(target.stem))) + ".rank*" + glob.escape(target.suffix)))]
+    if not files:
+        # a run of several models saved one file each: run.Generator.db, run.Discriminator.db
+        stem = glob.escape(str(target.with_name(target.stem)))
+        per_model = sorted(Path(p).name for p in glob.glob(f"{stem}.*{glob.escape(target.suffix)}")
+                           if Path(p).is_file())
+        if target.suffix and per_model:
+            raise FileNotFoundError(
+                f"no saved records at {text!r}: that run saved one file per model "
+                f"({', '.join(per_model)}); load the model's file (two models are two runs, "
+                "not one job)")
+        raise FileNotFoundError(
+            f"no saved records at {text!r}: give a file written by insp.save(), a directory of "
+            "them, or a glob such as 'runs/ddp.rank*.db'")
+    return files
+
+
+def load(path_or_glob: str | os.PathLike | Iterable):
+    """One frame from saved records: a file, a directory, a glob or a list (all ranks of a job).
+
+    Files are merged rank by rank, each in its own execution order. Two files of the same rank
+    are two runs, not one job: load them separately and compare them.
+    """
+    import pandas as pd
+
+    frames, sources = [], {}
+    for path in find(path_or_glob):
+        frame, meta = read_one(path)
+        rank = meta.get("rank", 0)
+        if rank in sources:
+            raise ValueError(
+                f"{str(sources[rank])!r} and {str(path)!r} both hold rank {rank}: they are two "
+                "runs, not one job. Load each with scn.load() and compare them with scn.compare().")
+        sources[rank] = path
+        frames.append((rank, frame))
+    frames.sort(key=lambda item: item[0])
+    merged = pd.concat([f for _, f in frames], ignore_index=True)
+    merged.attrs[ATTRS] = {"files": [str(sources[r]) for r, _ in frames],
+                           "extras": [e for _, f in frames for e in f.attrs[ATTRS]["extras"]]}
+    return merged
 
 
 class Recorded:
@@ -87,7 +175,7 @@ def findings(source: Any, top: int | None = 10) -> list:
         raise TypeError("scn.findings() takes a frame from scn.load() or insp.frame(), a path "
                         f"of saved records, or an Inspector; got {type(source).__name__}")
     _check_rankable(source)
-    return ranking.findings(ranking.Tracks.from_frame(source), top)
+    return ranked(Tracks.from_frame(source), top)
 
 
 # Columns that name a series: a missing value there is no row the ranking can place

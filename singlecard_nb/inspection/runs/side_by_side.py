@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...theme import NO_MATH_CLASSES
-from ..views.formatting import escape, num
+from ..views import escape, num
 from .alignment import COMPARED, align
-from .compare import STATE_IO
+from .comparison import STATE_IO
 
 TOP = 20  # rows drawn; the rest are counted
 _STATS = ("absmax", "mean")
