@@ -223,7 +223,8 @@ def test_a_hand_edited_file_is_refused_in_one_line_naming_it(tmp_path, edit, sai
 
 
 def test_an_empty_record_file_loads(tmp_path):
-    insp = scn.inspect(nn.Linear(2, 2))  # never called: no rows
+    with scn.inspect(nn.Linear(2, 2)) as insp:  # never called: no rows
+        pass
     loaded = scn.load(insp.save(tmp_path / "empty.db"))
     assert len(loaded) == 0 and "absmax" in loaded.columns
 
