@@ -79,6 +79,7 @@ class StepStats:
         self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
         self._zero: dict[torch.device, torch.Tensor] = {}
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
+        self.kernels = self._kernels  # read by the recorder's path for plain CPU tensors
         self._build = kernels is None  # the first CPU tensor starts building the kernels
         # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
         # address a kernel writes to stays valid even while another thread adds a chunk
@@ -130,6 +131,22 @@ class StepStats:
             slots, vectors = self._on_device.setdefault(v.device, ([], []))
             slots.append(slot)
             vectors.append(self._reduce_on_device(v, n))
+        return slot
+
+    def add_dense(self, t: torch.Tensor, n: int, kernel: native.Kernel) -> int:
+        """`add` for the common tensor, in one call: plain, contiguous, not negated, on the CPU,
+        with n > 0 values of a dtype that has a kernel other than float64 (whose range `add`
+        checks). The same kernel call as `add` makes, so the same statistics to the bit."""
+        slot = self._count
+        self._count = slot + 1
+        self._numel[slot] = n
+        chunks = self._chunks
+        chunk = slot >> _CHUNK_BITS
+        if chunk < len(chunks):  # _row_address inlined: this runs once per module call
+            address = chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
+        else:
+            address = self._row_address(slot)
+        kernel(t.data_ptr(), n, self.exact_std, address)
         return slot
 
     def _check_range(self, slot: int, v: torch.Tensor) -> None:
