@@ -111,8 +111,11 @@ class StepStats:
             if not self._kernels and self._build and not native.started():
                 native.start()  # in the background: this step and the next go on with torch
         x = t.detach()
-        # float64 on the CPU is read at once: its range is checked (below) while it is here
-        if n <= SMALL_NUMEL and not immediate and not (on_cpu and x.dtype is torch.float64):
+        # float64 on the CPU is read at once: its range is checked (below) while it is here;
+        # with the kernel built, so is every CPU tensor (integers, bool, complex: a converted
+        # copy, as large ones): staging costs a few torch reductions per step and shape
+        if n <= SMALL_NUMEL and not immediate and not (
+                on_cpu and (x.dtype is torch.float64 or self._kernels)):
             self._stage(x, shape, slot)
             return slot
         real = as_real(x)
