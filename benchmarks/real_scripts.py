@@ -2,7 +2,7 @@
 """What each flag costs a user on real-shaped training scripts, run as the terminal form runs
 them: `python -m singlecard_nb [--device cpu] [--inspect [--grads --params]] script.py --steps N`.
 
-    .venv/bin/python benchmarks/real_scripts.py                 # ~10 min on an idle 2-core CPU
+    .venv/bin/python benchmarks/real_scripts.py                 # ~25 min (3 rounds), 2-core CPU
     .venv/bin/python benchmarks/real_scripts.py --rounds 1 --scale 0.2   # a smoke run
     .venv/bin/python benchmarks/real_scripts.py --corpus DIR --scripts healthy_nanogpt
 
@@ -34,12 +34,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "scripts" / "corpus"
-# script -> (what it is, N): N steps take about a second of CPU plain on the 2-core runner
+# script -> (what it is, N): N steps take 1-2 s plain on the 2-core runner, several times the
+# spread of start-up (a few 0.1 s), which the N and 3N runs cancel only on average
 SCRIPTS = {
-    "healthy_nanogpt": ("nanoGPT-shaped GPT (train.py's loop)", 150),
-    "healthy_hf_llama": ("tiny Llama, HF Trainer-style (many small modules)", 150),
-    "healthy_accelerate_loop": ("accelerate loop, 4-module MLP", 1500),
-    "healthy_lstm_lm": ("word_language_model LSTM LM", 300),
+    "healthy_nanogpt": ("nanoGPT-shaped GPT (train.py's loop)", 450),
+    "healthy_hf_llama": ("tiny Llama, HF Trainer-style (many small modules)", 450),
+    "healthy_accelerate_loop": ("accelerate loop, 4-module MLP", 4500),
+    "healthy_lstm_lm": ("word_language_model LSTM LM", 900),
 }
 VARIANTS = {
     "plain": None,
