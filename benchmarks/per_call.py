@@ -16,10 +16,24 @@ include the machine's noise. Rows, in µs added per module call over a bare forw
 - the same two found by `inspect_all()` instead of handed to `inspect()` (the finder is out of
   torch's table while a model it knows runs, so these should equal the rows above).
 A last line: code that calls no module (tensor arithmetic) under `inspect_all()`, as a ratio.
+
+Then, per model (100 × Linear(64, 64) on 32×64, 100 × LayerNorm(64), 100 × GELU, and the
+5 000-module mlp5000), the three costs of a training step (SGD), in µs, best of interleaved
+rounds, each step's flush included:
+- forward: added per module call by `inspect(model)` (full statistics) to a forward;
+- backward: added per module call by `grads=True` (output and parameter gradients) to a
+  training step with forward statistics;
+- params: added per parameter tensor by `params=True` to a step with `grads=True`, beside a
+  plain `p.detach().clone()` of each (the copy Δw needs, the least it can cost).
+
+    .venv/bin/python benchmarks/per_call.py --shapes-only   # only that table (~1 min)
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import functools
 import time
 
 import torch
@@ -134,5 +148,97 @@ def no_module() -> None:
     print(f"{'code calling no module, inspect_all() / bare':<56} {looking / bare:6.2f}x")
 
 
+def shape_models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    def linear() -> nn.Module:
+        layer = nn.Linear(64, 64)
+        nn.init.normal_(layer.weight, std=64 ** -0.5)  # the scale stays: no denormals
+        return layer
+
+    return {
+        "Linear 64x64": (nn.Sequential(*(linear() for _ in range(100))), torch.randn(32, 64)),
+        "LayerNorm(64)": (nn.Sequential(*(nn.LayerNorm(64) for _ in range(100))),
+                          torch.randn(32, 64)),
+        "GELU": (nn.Sequential(*(nn.GELU() for _ in range(100))),
+                 torch.randn(32, 64, requires_grad=True)),
+        "mlp5000": mlp5000(),
+    }
+
+
+def per_shape(rounds: int = 3) -> None:
+    """Per model: µs added per module call (forward, backward) and per parameter tensor."""
+    print(f"{'model':<16} {'calls':>6} {'params':>6} {'forward µs/call':>16} "
+          f"{'backward µs/call':>17} {'params µs/tensor':>17} {'clone µs/tensor':>16}")
+    us = 1e6
+    for name, (model, x) in shape_models().items():
+        calls = sum(1 for _ in model.modules())
+        params = list(model.parameters())
+        best = shape_costs(model, x, params, rounds)
+        forward = (best["fwd inspected"] - best["fwd bare"]) / calls * us
+        backward = (best["grads"] - best["forward"]) / calls * us
+        if params:
+            per_param = f"{(best['params'] - best['grads']) / len(params) * us:17.2f}"
+            clone = f"{best['clone'] / len(params) * us:16.2f}"
+        else:
+            per_param, clone = f"{'-':>17}", f"{'-':>16}"
+        print(f"{name:<16} {calls:>6} {len(params):>6} {forward:16.2f} {backward:17.2f} "
+              f"{per_param} {clone}", flush=True)
+
+
+def shape_costs(model: nn.Module, x: torch.Tensor, params: list, rounds: int) -> dict:
+    """Best thread CPU time of each variant's training step (and of forwards, clones)."""
+    variants = {"bare": None, "forward": {}, "grads": {"grads": True}}
+    if params:
+        variants["params"] = {"grads": True, "params": True}
+    copies = {key: copy.deepcopy(model) for key in [*variants, "fwd"]}
+    optimizers = {key: torch.optim.SGD(m.parameters(), lr=1e-6) if params else None
+                  for key, m in copies.items()}
+
+    def step(key: str) -> None:
+        m, opt = copies[key], optimizers[key]
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        m(x).square().mean().backward()
+        if opt is not None:
+            opt.step()
+
+    def forward(key: str) -> None:
+        copies[key](x)
+
+    def clone() -> None:
+        for p in params:
+            p.detach().clone()
+
+    best = {key: float("inf") for key in [*variants, "fwd bare", "fwd inspected", "clone"]}
+    inspectors = [scn.inspect(copies[key], max_rows=10**7, **options)  # started
+                  for key, options in variants.items() if options is not None]
+    try:
+        for key in variants:
+            step(key)  # the first step: probes go, the kernel's buffers exist
+        for _ in range(rounds):  # interleaved
+            for key in variants:
+                best[key] = min(best[key], best_cpu_time(functools.partial(step, key), 5))
+            with torch.no_grad():
+                best["fwd bare"] = min(best["fwd bare"],
+                                       best_cpu_time(functools.partial(forward, "bare"), 5))
+                with scn.inspect(copies["fwd"], max_rows=10**7):
+                    forward("fwd")
+                    best["fwd inspected"] = min(
+                        best["fwd inspected"], best_cpu_time(functools.partial(forward, "fwd"), 5))
+            best["clone"] = min(best["clone"], best_cpu_time(clone, 5))
+    finally:
+        for insp in inspectors:
+            insp.stop()
+    return best
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes-only", action="store_true",
+                        help="only the per-model table of forward, backward and params costs")
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    torch.set_num_threads(1)
+    native.wait(120)
+    if not options.shapes_only:
+        main()
+    per_shape(options.rounds)

@@ -60,6 +60,40 @@ def test_memory_counters_read_zero_resets_do_nothing_and_it_is_said():
     assert memory.endswith("(×8)")  # every counter call above, said once
 
 
+def _float16_notices(record) -> list[str]:
+    return [str(w.message) for w in record if "slow" in str(w.message)]
+
+
+def test_cpu_float16_is_said_slow_once_with_the_factor_and_what_to_pass():
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    parallel.enable(CPU)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # fast on the CPU: nothing said
+            model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x)
+        model.to(torch.float32)
+        assert _float16_notices(record) == []
+        with torch.autocast("cuda", dtype=torch.float16):  # nanoGPT's train.py on a GPU
+            model(x)
+        with torch.autocast("cuda"):  # float16 too: a GPU's default
+            model(x)
+        copy.deepcopy(model).half()
+        copy.deepcopy(model).to(dtype=torch.float16)
+    said = _float16_notices(record)
+    assert len(said) == 1, said
+    assert "x slower than in float32" in said[0] and "--dtype=float32" in said[0]
+    assert "bfloat16" in said[0] and "autocast('cuda', torch.float16)" in said[0]
+    assert record[[str(w.message) for w in record].index(said[0])].filename == __file__
+
+
+def test_module_half_under_cpu_is_said_slow():
+    parallel.enable(CPU)
+    with pytest.warns(UserWarning, match=r"Linear.half\(\) computes in float16 .* slower"):
+        nn.Linear(2, 2).half()
+
+
 def test_autocast_cuda_runs_as_cpu_autocast_with_the_same_dtype():
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     if not HAS_CUDA:

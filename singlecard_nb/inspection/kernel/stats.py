@@ -79,6 +79,7 @@ class StepStats:
         self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
         self._zero: dict[torch.device, torch.Tensor] = {}
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
+        self.kernels = self._kernels  # read by the recorder's path for plain CPU tensors
         self._build = kernels is None  # the first CPU tensor starts building the kernels
         # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
         # address a kernel writes to stays valid even while another thread adds a chunk
@@ -110,8 +111,11 @@ class StepStats:
             if not self._kernels and self._build and not native.started():
                 native.start()  # in the background: this step and the next go on with torch
         x = t.detach()
-        # float64 on the CPU is read at once: its range is checked (below) while it is here
-        if n <= SMALL_NUMEL and not immediate and not (on_cpu and x.dtype is torch.float64):
+        # float64 on the CPU is read at once: its range is checked (below) while it is here;
+        # with the kernel built, so is every CPU tensor (integers, bool, complex: a converted
+        # copy, as large ones): staging costs a few torch reductions per step and shape
+        if n <= SMALL_NUMEL and not immediate and not (
+                on_cpu and (x.dtype is torch.float64 or self._kernels)):
             self._stage(x, shape, slot)
             return slot
         real = as_real(x)
@@ -130,6 +134,22 @@ class StepStats:
             slots, vectors = self._on_device.setdefault(v.device, ([], []))
             slots.append(slot)
             vectors.append(self._reduce_on_device(v, n))
+        return slot
+
+    def add_dense(self, t: torch.Tensor, n: int, kernel: native.Kernel) -> int:
+        """`add` for the common tensor, in one call: plain, contiguous, not negated, on the CPU,
+        with n > 0 values of a dtype that has a kernel other than float64 (whose range `add`
+        checks). The same kernel call as `add` makes, so the same statistics to the bit."""
+        slot = self._count
+        self._count = slot + 1
+        self._numel[slot] = n
+        chunks = self._chunks
+        chunk = slot >> _CHUNK_BITS
+        if chunk < len(chunks):  # _row_address inlined: this runs once per module call
+            address = chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
+        else:
+            address = self._row_address(slot)
+        kernel(t.data_ptr(), n, self.exact_std, address)
         return slot
 
     def _check_range(self, slot: int, v: torch.Tensor) -> None:

@@ -196,8 +196,8 @@ class Attachment:
             __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
             if self.active and calls.recording and param.grad is not None:
                 try:
-                    recorder.guarded(recorder.record_grad, target, 0, "param_grad", name,
-                                     param.grad, recorder.step, module.training)
+                    recorder.record_safely(target, 0, "param_grad", name, param.grad,
+                                           module.training)
                 except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
                     without_our_frames(trapped)
                     raise

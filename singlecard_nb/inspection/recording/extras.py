@@ -147,12 +147,15 @@ class Snapshots:
                       f"not recorded: copying them before each optimiser step would take more "
                       f"than {self.budget >> 20} MiB. The ranking still sees their growth.")
 
-    def update(self, param: torch.Tensor) -> torch.Tensor | None:
-        """Δw of `param` since `take` (and the copy is let go), or None."""
-        before = self._before.pop(id(param), None)
-        if before is None:
-            return None
-        return param.detach() - before  # of detached tensors: no graph, no no_grad
+    def updates(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """id(param) -> Δw since `take` of those of `params` copied (the copies are let go):
+        one foreach subtraction for all, the same values as one `-` each."""
+        pairs = [(p, self._before.pop(id(p))) for p in params if id(p) in self._before]
+        if not pairs:
+            return {}
+        # of detached tensors: no graph, no no_grad
+        diffs = torch._foreach_sub([p.detach() for p, _ in pairs], [b for _, b in pairs])
+        return {id(p): diff for (p, _), diff in zip(pairs, diffs)}
 
     def clear(self) -> None:
         self._before.clear()

@@ -61,20 +61,19 @@ class OptimizerRows:
                 for name, buffer in module.named_buffers(recurse=False):
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
+        record = recorder.record_safely  # each row's failure said, never raised
+        updates = self.snapshots.updates([param for param, *_ in mine])
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)
             calls[key] = call + 1
             training = module.training
-            recorder.guarded(recorder.record_tensor, target, call, "param", name,
-                             param.detach(), training)
+            record(target, call, "param", name, param.detach(), training)
             if param.grad is not None:
-                recorder.guarded(recorder.record_tensor, target, call, "step_grad", name,
-                                 param.grad, training)
-            update = self.snapshots.update(param)
+                record(target, call, "step_grad", name, param.grad, training)
+            update = updates.get(id(param))
             if update is not None:
-                recorder.guarded(recorder.record_tensor, target, call, "update", name, update,
-                                 training)
+                record(target, call, "update", name, update, training)
         self.snapshots.clear()
 
     def _carried(self, mine: list) -> set[int]:

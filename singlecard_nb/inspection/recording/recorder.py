@@ -9,8 +9,10 @@ With the trap on, each result is read at once and a NaN/Inf raises `NonFiniteErr
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,10 @@ from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shap
 # A container's output is the same tensor as a child's, seen a few hooks earlier: remembering
 # only the last few keeps dedupe's weak references from piling up for the garbage collector.
 _SEEN_WINDOW = 64
+# Dedupe saves a read of a large tensor; below this many values the read costs less than the
+# bookkeeping (a weak reference, its look-up), so small tensors are read again.
+DEDUPE_NUMEL = 16384
+_FLOAT64, _STRIDED = torch.float64, torch.strided  # module globals: read once per tensor
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 _NO_MEMORY = (float("nan"),) * 3  # memory columns of a row that is not an output
@@ -43,6 +49,26 @@ def _device_name(device: torch.device) -> str:
     if name is None:
         name = _DEVICE_NAMES[device] = str(device)
     return name
+
+
+_hook_keys = itertools.count(-1, -1)  # below RemovableHandle's ids (from 0 up): never the same
+_has_torch_function = torch._C._has_torch_function_unary
+
+
+def _add_grad_hook(t: torch.Tensor, hook: Callable) -> Any:
+    """`t.register_hook(hook)` as torch's own does it, without its RemovableHandle (~2 µs of a
+    ~3 µs call, once per output of every module call with grads=True): returns (the tensor's
+    hook dict, our key), or torch's handle where torch would do more (a subclass, a mode)."""
+    if type(t) is not torch.Tensor or _has_torch_function(t):
+        return t.register_hook(hook)
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = OrderedDict()
+        if t.grad_fn is not None:
+            t.grad_fn._register_hook_dict(t)
+    key = next(_hook_keys)
+    hooks[key] = hook
+    return hooks, key
 
 
 class Recorder:
@@ -79,6 +105,10 @@ class Recorder:
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
         self.memory = memory
+        # most tensors take `_record_dense`: not with the trap (read at once) or memory rows
+        self._dense_path = not trap and memory is None
+        self._dense_calls = self._dense_path and inputs is not True  # a call's only row: its output
+        self._kernels = self.pending.stats.kernels  # native's: filled in place once built
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
         # what the trap adds when a module's own weights are already non-finite (the engine
         # asks the ranking: the first parameter that grew)
@@ -148,6 +178,10 @@ class Recorder:
         self.calls[key] = call + 1
         training = module.training
         try:
+            if (self._dense_calls and type(output) is torch.Tensor and output.is_cpu
+                    and not target.hist
+                    and self._record_dense(target, call, "output", "", output, training)):
+                return  # most calls: one plain CPU tensor out
             if self.memory is not None:
                 self._call_saved = float(self.memory.leave(module, target.path))
             if self.inputs is True:
@@ -191,6 +225,9 @@ class Recorder:
     def record_tensor(self, target: Target, call: int, io: str, index: str,
                       t: torch.Tensor, training: bool, inputs: Any = None) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        if (self._dense_path and type(t) is torch.Tensor and t.is_cpu and io != "input"
+                and not target.hist and self._record_dense(target, call, io, index, t, training)):
+            return
         dtype = t.dtype
         values = None
         with self._lock:
@@ -235,6 +272,34 @@ class Recorder:
                                shape, device)
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
+
+    def _record_dense(self, target: Target, call: int, io: str, index: str, t: torch.Tensor,
+                      training: bool) -> bool:
+        """record_tensor for most tensors of a CPU step, with the least per-tensor Python: a
+        plain (the caller checked), contiguous, small CPU tensor whose dtype has a kernel,
+        without trap or memory rows (`_dense_path`). The same kernel call and row as the
+        general path, so the same statistics to the bit; no dedupe, which only pays for large
+        tensors' reads. False: nothing recorded, the general path takes it."""
+        dtype = t.dtype
+        kernel = self._kernels.get(dtype)
+        if kernel is None or dtype is _FLOAT64:  # float64: its range is checked (stats.py)
+            return False
+        n = t.numel()
+        if (not 0 < n <= DEDUPE_NUMEL or t.layout is not _STRIDED or t.is_nested
+                or not t.is_contiguous() or t.is_neg() or not t.data_ptr()):
+            return False  # data_ptr() 0: no memory to read (a ZeroTensor)
+        with self._lock:
+            pending = self.pending
+            slot = pending.stats.add_dense(t, n, kernel)
+            pending.rows.append((self.step, target.path, target.type_name, call, io, index,
+                                 tuple(t.shape), _DTYPE_NAMES[dtype], "cpu", training))
+            pending.slots.append(slot)
+            full = len(pending.rows) >= pending.max_rows
+        if full:  # steps="manual" without step(): pending rows stay bounded too
+            self.flush()
+        if self.grads and io == "output" and t.requires_grad:
+            self.hook_grad(t, target, call, index, training)
+        return True
 
     def _plain(self, t: torch.Tensor) -> torch.Tensor | None:
         """A subclass's data to reduce (a Parameter's, a DTensor's local shard, a MaskedTensor's
@@ -307,6 +372,21 @@ class Recorder:
         except Exception as e:
             self._failed(e, args[0].path if args and isinstance(args[0], Target) else "?")
 
+    def record_safely(self, target: Target, call: int, io: str, index: str, t: torch.Tensor,
+                      training: bool) -> None:
+        """`record_tensor` as `guarded` runs it, in few frames: it runs per gradient and
+        parameter (never for an input)."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        try:
+            if not (self._dense_path and type(t) is torch.Tensor and t.is_cpu
+                    and not target.hist and self._record_dense(target, call, io, index, t,
+                                                               training)):
+                self.record_tensor(target, call, io, index, t, training)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._failed(e, target.path)
+
     # --- gradients --------------------------------------------------------------------------
     def hook_grad(self, t: torch.Tensor, target: Target, call: int, index: str,
                   training: bool) -> None:
@@ -315,23 +395,16 @@ class Recorder:
 
         def on_grad(grad: torch.Tensor) -> None:
             __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-            if grad is not None and self._active():
-                try:
-                    self.guarded(self.record_grad, target, call, "grad", index, grad, step,
-                                 training)
+            if grad is not None and step == self.step and self._active():
+                try:  # (an older step's graph run backward now: not this step's gradient)
+                    self.record_safely(target, call, "grad", index, grad, training)
                 except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
                     without_our_frames(trapped)
                     raise
 
-        handle = t.register_hook(on_grad)
+        handle = _add_grad_hook(t, on_grad)
         with self._lock:
             self._tensor_hooks.append(handle)
-
-    def record_grad(self, target, call, io, index, grad, step, training) -> None:
-        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        if step != self.step:
-            return  # a backward through a graph of an older step: not this step's gradient
-        self.record_tensor(target, call, io, index, grad, training)
 
     def on_recomputed(self, target: Target, module: nn.Module, output: Any) -> None:
         """Gradient checkpointing re-runs a forward during backward. Its outputs are those of
@@ -352,7 +425,10 @@ class Recorder:
         with self._lock:
             hooks, self._tensor_hooks = self._tensor_hooks, []
         for handle in hooks:
-            handle.remove()
+            if type(handle) is tuple:  # (the tensor's hook dict, our key): _add_grad_hook
+                handle[0].pop(handle[1], None)
+            else:
+                handle.remove()
 
     # --- to the host ------------------------------------------------------------------------
     def flush(self) -> None:
