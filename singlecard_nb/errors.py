@@ -26,13 +26,16 @@ class NonFiniteError(RuntimeError):
                  call: int, nan: int, inf: int, inputs_finite: bool | None, *,
                  dtype: str | None = None, bad_params: list[str] | None = None,
                  cause: str | None = None, shape: tuple | None = None,
-                 device: str | None = None, prior: str | None = None):
+                 device: str | None = None, prior: str | None = None,
+                 loss_ops: list[str] | None = None):
         self.module, self.module_type, self.io, self.index = module, module_type, io, index
         self.step, self.call, self.nan, self.inf = step, call, nan, inf
         self.inputs_finite, self.dtype = inputs_finite, dtype
         self.shape, self.device = shape, device
         self.bad_params, self.cause = list(bad_params or ()), cause
         self.prior = prior  # the ranking's likeliest cause begun by this step, in words
+        # the last autograd operations of the step's loss (a gradient's trap: what ran after)
+        self.loss_ops = list(loss_ops or ())
         where = repr(module) if module else "the model itself ('')"
         # "output", "input[0]", "grad[1]"; a parameter's name apart: "param 'weight'"
         what = f"{io}{index}" if not index or index.startswith("[") else f"{io} {index!r}"

@@ -1086,3 +1086,15 @@ def test_a_compiled_failure_no_rule_explains_says_how_to_get_its_inputs(quiet_dy
                               torch.randn(4, 16)))
     assert (exp.module, exp.module_type) == ("1", "Gate")
     has(exp.hint, "torch.compile was tracing", "force_eager")
+
+
+def test_a_gradients_trap_names_only_operations_the_loss_ran():
+    model = nn.Sequential(nn.Linear(2, 2))
+    with scn.inspect(model, trap=True, grads=True):
+        out = model(torch.ones(1, 2))
+        zeros = out - out.detach()  # a finite loss whose backward makes NaN: 0 × (1 / 0)
+        loss = torch.where(torch.ones_like(zeros, dtype=torch.bool), zeros, zeros.log()).sum()
+        error = failure(loss.backward)
+    hint = scn.explain(error).hint
+    assert "include a log" in hint and "Sum" in hint
+    assert "sqrt or norm at 0" not in hint  # no guess of an operation that never ran

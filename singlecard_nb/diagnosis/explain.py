@@ -318,11 +318,29 @@ def _from_non_finite_attributes(exc: NonFiniteError) -> Explanation:
         exception=_headline(exc),
         hint=(f"The gradient of {what} of {where} ({exc.module_type}) held "
               f"{counts(exc.nan, exc.inf)} in backward at step {exc.step}: it was produced by "
-              "the backward of what comes after this module (the next layers or the loss: sqrt "
-              "or norm at 0, log of 0, a division by ~0); a backward pass has no module inputs "
-              "on the stack to show"),
+              f"the backward of what comes after this module{_after(exc)}; a backward pass has "
+              "no module inputs on the stack to show"),
         rank=_rank(),
     )
+
+
+# operations whose backward can make NaN/Inf of finite values, as the words say them
+_RISKY = {"Log": "a log", "Sqrt": "a sqrt", "Div": "a division", "Pow": "a power",
+          "Norm": "a norm", "LinalgVectorNorm": "a norm", "Rsqrt": "an rsqrt", "Exp": "an exp"}
+
+
+def _after(exc: NonFiniteError) -> str:
+    """What ran after the module, said from the step's loss: only operations that ran."""
+    ops = getattr(exc, "loss_ops", None) or []
+    if not ops:
+        return " (the next layers or the loss)"
+    risky = list(dict.fromkeys(_RISKY[op] for op in ops if op in _RISKY))
+    chain = " ← ".join(ops[:6])
+    if risky:
+        return (f" (the loss's last operations, {chain}, include {' and '.join(risky)}, whose "
+                "backward is infinite at 0: check what goes into it)")
+    return (f" (the loss's last operations, {chain}, hold no log, sqrt or division: a layer "
+            "after this module made it, or values that had grown too large overflowed)")
 
 
 def _headline(exc: BaseException) -> str:

@@ -24,12 +24,19 @@ OPS = 12  # autograd operations named from the loss back: `neg ← sum ← mul �
 
 
 def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
-    """The names of the loss's last autograd operations, from the loss back along each node's
-    first input ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...)."""
-    names, node = [], loss.grad_fn
-    while node is not None and len(names) < most:
-        names.append(type(node).__name__.removesuffix("Backward0").removesuffix("Backward1"))
-        node = next((n for n, _ in node.next_functions if n is not None), None)
+    """The names of the loss's last autograd operations, nearest first, breadth-first over
+    each node's inputs ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...; a `where` keeps both
+    branches), leaves left out: what the words about the loss may name."""
+    names, queue, seen = [], [loss.grad_fn], set()
+    while queue and len(names) < most:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = type(node).__name__
+        if name != "AccumulateGrad":
+            names.append(name.removesuffix("Backward0").removesuffix("Backward1"))
+        queue.extend(n for n, _ in node.next_functions)
     return names
 
 

@@ -328,6 +328,7 @@ class Recorder:
         # an empty tensor has no statistics: its counts are NaN, not a NaN found
         nan, inf = (int(v) if v == v and v else 0 for v in values[5:7])
         if nan or inf:
+            loss_ops = list(self.pending.loss_ops)  # before flush() lets the step go
             inputs_finite = None
             if inputs is not None:
                 inputs_finite = all(
@@ -350,7 +351,7 @@ class Recorder:
                                  nan, inf, inputs_finite, dtype=dtype_name(dtype),
                                  bad_params=bad_params, cause=cause, shape=shape,
                                  device=None if device is None else _device_name(device),
-                                 prior=prior)
+                                 prior=prior, loss_ops=loss_ops)
 
     def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
         stats = channel_stats(t)
