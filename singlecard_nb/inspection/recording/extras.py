@@ -154,7 +154,10 @@ class Snapshots:
         if not pairs:
             return {}
         # of detached tensors: no graph, no no_grad
-        diffs = torch._foreach_sub([p.detach() for p, _ in pairs], [b for _, b in pairs])
+        after, before = [p.detach() for p, _ in pairs], [b for _, b in pairs]
+        foreach = getattr(torch, "_foreach_sub", None)  # private: a torch without it subtracts
+        diffs = foreach(after, before) if foreach is not None else [
+            a - b for a, b in zip(after, before)]
         return {id(p): diff for (p, _), diff in zip(pairs, diffs)}
 
     def clear(self) -> None:
