@@ -31,8 +31,10 @@ from .rank_status import (
 
 DOCS = "docs/ranks.md"
 MISMATCH = "one rank ran more steps or an extra collective"
-# what gloo (a size that does not match) and TORCH_DISTRIBUTED_DEBUG=DETAIL say of a mismatch
-MISMATCH_WORDS = ("distributed collective mismatch", "Detected mismatch between collectives")
+# what gloo (a size that does not match; before torch 2.7 its enforce on the preamble's length)
+# and TORCH_DISTRIBUTED_DEBUG=DETAIL say of a mismatch
+MISMATCH_WORDS = ("distributed collective mismatch", "Detected mismatch between collectives",
+                  "op.preamble.length <= op.nbytes")
 
 Status = RankStatus
 
@@ -249,8 +251,10 @@ def mismatch(statuses: Mapping[int, Status | None], codes: Mapping[int, int | No
             places.append(f"rank {rank} in {collective} at {where}")
     rank, text = min(words.items())
     quote = text.strip()
-    if "Received data size" in quote:  # gloo's sentence, from the size it found on
-        quote = quote[quote.index("Received data size"):]
+    for start in ("Received data size", "op.preamble.length"):  # gloo's words, from there on
+        if start in quote:
+            quote = quote[quote.index(start):]
+            break
     lines = [f"A collective mismatch (rank {rank}: \"{quote[:200]}\"): "
              f"{'; '.join(places) or 'where each rank was is not known'}: {MISMATCH}."]
     return "\n".join([*lines, *([parts] if parts else [])])

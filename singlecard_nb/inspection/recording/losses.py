@@ -27,11 +27,12 @@ def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
     """The names of the loss's last autograd operations, nearest first, breadth-first over
     each node's inputs ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...; a `where` keeps both
     branches), leaves left out: what the words about the loss may name."""
-    names, queue, seen = [], [loss.grad_fn], set()
+    names, queue, seen, held = [], [loss.grad_fn], set(), []
     while queue and len(names) < most:
         node = queue.pop(0)
         if node is None or id(node) in seen:
             continue
+        held.append(node)  # older torch makes a new wrapper per access: ids must not recur
         seen.add(id(node))
         name = type(node).__name__
         if name != "AccumulateGrad":
