@@ -22,7 +22,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 say "ruff check (a few seconds)"
 .venv/bin/ruff check singlecard_nb tests benchmarks scripts
-say "pytest (the whole suite: about 1 100 tests in two workers, 9-10 min on 2 cores, more when loaded; a dot per" \
+say "pytest (the whole suite: about 1 300 tests in two workers, 7-10 min on 2 cores, more when loaded; a dot per" \
     "test as it ends and the 15 slowest at the end; ./test.sh -k NAME runs a part, ./test.sh -n 0" \
     "in one process)"
 # The tests that depend on how torch was built (marker torch_build) run here against this
