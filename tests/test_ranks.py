@@ -256,7 +256,9 @@ def test_the_live_view_shows_the_ranks_side_by_side_while_they_run(desync_run):
     drawn = desync_run["drawn"]
     assert len(desync_run["displays"]) == 1, "one output, updated in place"
     running = [b for b in drawn if b["text/plain"].splitlines()[0].endswith("· running")]
-    assert len(running) >= 3, [b["text/plain"].splitlines()[0] for b in drawn]  # drawn, updated twice
+    # drawn, then updated while the ranks run (on a loaded 2-core box the 300 steps leave
+    # time for one update or more; none would fail this)
+    assert len(running) >= 2, [b["text/plain"].splitlines()[0] for b in drawn]
     last = drawn[-1]
     text, page = last["text/plain"].splitlines(), last["text/html"]
     assert text[0].startswith("ranks side by side · 3 ranks · rank 0 step "
