@@ -339,12 +339,7 @@ class Recorder:
                           if p.is_floating_point() and not bool(torch.isfinite(p).all())]
             self.flush()
             cause = self.trap_cause() if bad_params and self.trap_cause is not None else None
-            prior = None
-            if self.prior_cause is not None:
-                try:  # words beside the trap: they never replace it
-                    prior = self.prior_cause(self.step)
-                except Exception as e:  # noqa: BLE001 - said as a failed diagnostic
-                    self._failed(e, target.path)
+            prior = self._prior()
             # The trap: this module's output holds NaN/Inf. The explanation under the traceback
             # names the module and why; the inspector's frames above this one are hidden.
             raise NonFiniteError(target.path, target.type_name, io, index, self.step, call,
