@@ -165,6 +165,9 @@ def update_scale(tracks: Tracks) -> Row | None:
     than TINY_UPDATE of itself per step, over the recent steps."""
     if tracks.optimizer_steps < MIN_STEPS:
         return None
+    lrs = sorted({g["lr"] for g in tracks.optimizer if isinstance(g.get("lr"), (int, float))})
+    if not lrs or lrs[-1] > SMALL_LR:
+        return None  # a usual lr with tiny steps: vanishing gradients (the gradient rules')
     ratios = []
     for path, update in tracks.updates.items():
         param = tracks.params.get(path)
@@ -180,9 +183,6 @@ def update_scale(tracks: Tracks) -> Row | None:
     typical = median(ratios)
     if not 0 < typical < TINY_UPDATE:
         return None  # exactly 0 is `unchanged`'s
-    lrs = sorted({g["lr"] for g in tracks.optimizer if isinstance(g.get("lr"), (int, float))})
-    if not lrs or lrs[-1] > SMALL_LR:
-        return None  # a usual lr with tiny steps: vanishing gradients (the gradient rules')
     lr = f" (lr {', '.join(num(v) for v in lrs)})"
     why = (f"each optimiser step changes the weights by about {num(typical)} of their size "
            f"(|Δw|/|w|, the median of {len(ratios)} weight matrices; a learning run moves them "
