@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import types
+import weakref
+from collections import OrderedDict
 
 import pytest
 
@@ -193,3 +196,78 @@ def test_after_import_runs_once_the_module_is_imported_and_leaves_nothing(tmp_pa
     assert seen == [p33_late]
     for name in ("p33_late", "p33_never"):
         sys.modules.pop(name)
+
+
+# --- HookEntries: entries of torch's hook tables, put in and taken out by key ---------------
+
+class _Reading(OrderedDict):
+    """A hook table noting, at each change, what a reader of `other` would see with it."""
+
+    def __init__(self, other: dict):
+        super().__init__()
+        self.other, self.seen = other, []
+
+    def __setitem__(self, key, value):
+        self.seen.append(("in", key, key in self.other))
+        super().__setitem__(key, value)
+
+    def pop(self, key, *default):
+        self.seen.append(("out", key, key in self.other))
+        return super().pop(key, *default)
+
+
+def test_hook_entries_go_in_in_order_and_out_in_reverse_any_number_of_times():
+    flags: OrderedDict = OrderedDict()
+    hooks = _Reading(flags)
+    entries = borrow.HookEntries([(flags, 7, True), (hooks, 7, print)])
+    entries.put()
+    entries.put()  # already in: nothing moves
+    assert flags == {7: True} and hooks == {7: print}
+    assert hooks.seen == [("in", 7, True)]  # the hook never went in without its flag
+    entries.remove()
+    entries.remove()  # already out: nothing raised
+    assert flags == {} and hooks == {}
+    assert hooks.seen[1] == ("out", 7, True)  # the hook left before its flag
+
+
+def test_hook_entries_hold_their_tables_weakly():
+    table: OrderedDict = OrderedDict({1: print})
+    entries = borrow.HookEntries([(table, 1, print)])
+    gone = weakref.ref(table)
+    del table
+    gc.collect()
+    assert gone() is None  # the handle kept no table alive
+    entries.remove()
+    entries.put()  # a table gone: passed over
+
+
+def test_hook_entries_as_a_context_manager_are_out_at_its_end_also_on_an_exception():
+    table: OrderedDict = OrderedDict()
+    with pytest.raises(RuntimeError), borrow.HookEntries([(table, 3, print)]) as entries:
+        entries.put()
+        assert table == {3: print}
+        raise RuntimeError
+    assert table == {}
+
+
+def _torchs(hook) -> bool:
+    return hook == "torch's"
+
+
+def test_taken_out_hooks_come_back_exactly_where_they_were_on_an_exception():
+    forward = OrderedDict([(1, "user's a"), (2, "torch's"), (3, "user's b"), (4, "torch's")])
+    pre = OrderedDict([(5, "user's c")])
+    before = (list(forward.items()), list(pre.items()))
+    entries = borrow.HookEntries.taken_from([forward, pre], keep=_torchs)
+    assert len(entries) == 3
+    with pytest.raises(KeyboardInterrupt), entries.taken_out():
+        assert list(forward.items()) == [(2, "torch's"), (4, "torch's")] and pre == {}
+        raise KeyboardInterrupt
+    assert (list(forward.items()), list(pre.items())) == before  # the same order, too
+
+
+def test_a_hook_added_while_others_are_taken_out_stays_after_them():
+    table = OrderedDict([(1, "user's"), (2, "torch's")])
+    with borrow.HookEntries.taken_from([table], keep=_torchs).taken_out():
+        table[9] = "added meanwhile"
+    assert list(table) == [1, 2, 9]

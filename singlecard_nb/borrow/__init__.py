@@ -9,11 +9,14 @@ An environment variable changed by someone else after we set it is theirs: resto
 
 The owner and its registry are `owner.py`; holding Ctrl-C back meanwhile, `interrupts.py`; one
 patch shared by many listeners, `listeners.py`; a patch made when a module is first imported,
-`after_import.py`.
+`after_import.py`; entries of torch's hook tables we put in and take out by key,
+`hook_tables.py`.
 """
 
+from .hook_tables import HookEntries
 from .interrupts import uninterrupted
 from .listeners import Listeners
 from .owner import Borrowed, active_owners, restore_all, wrap_like
 
-__all__ = ["Borrowed", "Listeners", "active_owners", "restore_all", "uninterrupted", "wrap_like"]
+__all__ = ["Borrowed", "HookEntries", "Listeners", "active_owners", "restore_all", "uninterrupted",
+           "wrap_like"]

@@ -24,6 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.modules import module as _module_globals
 from torch.utils._pytree import tree_leaves
 
+from ..borrow import HookEntries
+
 
 def fake_copy(model: nn.Module, optimizer: Any, mode: FakeTensorMode):
     """(model copy, optimizer copy or None, fake parameter -> module path): the copy's tensors
@@ -112,21 +114,10 @@ def quiet_fake_kernels() -> Iterator[None]:
 @contextlib.contextmanager
 def without_global_hooks() -> Iterator[None]:
     """The hooks registered for every module, but torch's own, out of torch's tables while a
-    fake step runs; back, exactly as they were, in `finally`."""
-    saved = []
-    for name in _GLOBAL_HOOKS:
-        table = getattr(_module_globals, name, None)
-        if table:
-            saved.append((table, dict(table)))
-            for key in [k for k, hook in table.items() if not _torchs(hook)]:
-                del table[key]
-    try:
+    fake step runs; back, each where it was, in `finally`."""
+    tables = [getattr(_module_globals, name, None) for name in _GLOBAL_HOOKS]
+    with HookEntries.taken_from([t for t in tables if t], keep=_torchs).taken_out():
         yield
-    finally:
-        for table, entries in saved:
-            table.clear()
-            table.update(entries)
-
 
 
 def _fake_state(value: Any, mode: FakeTensorMode) -> Any:

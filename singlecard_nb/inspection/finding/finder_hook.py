@@ -9,7 +9,7 @@ from collections.abc import Callable
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from ...borrow import Borrowed
+from ...borrow import Borrowed, HookEntries
 
 _GLOBAL_PRE_HOOKS: dict = _module_globals._global_forward_pre_hooks
 
@@ -21,17 +21,17 @@ class FinderHook:
     def __init__(self, hook: Callable, active: Callable[[], bool]):
         self._hook = hook  # one bound object: in and out of torch's table
         self._active = active
-        self._id: int | None = None
+        self._entry: HookEntries | None = None  # the hook's entry, under torch's handle's key
 
     def register(self, owner: Borrowed) -> None:
         handle = owner.add_hook(lambda: register_module_forward_pre_hook(self._hook),
                                 "global forward pre-hook finding models")
-        self._id = handle.id
+        self._entry = HookEntries([(_GLOBAL_PRE_HOOKS, handle.id, self._hook)])
 
     def arm(self) -> None:
-        if self._id is not None and self._active():
-            _GLOBAL_PRE_HOOKS[self._id] = self._hook
+        if self._entry is not None and self._active():
+            self._entry.put()
 
     def disarm(self) -> None:
-        if self._id is not None:
-            _GLOBAL_PRE_HOOKS.pop(self._id, None)
+        if self._entry is not None:
+            self._entry.remove()

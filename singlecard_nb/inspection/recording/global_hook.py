@@ -11,14 +11,15 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.utils.hooks import RemovableHandle
 
+from ...borrow import HookEntries
+
 # torch's handle for register_module_forward_hook(..., with_kwargs=True) does not remove the
-# with_kwargs entry it made (torch <= 2.13): the engine removes it itself.
+# with_kwargs entry it made (torch <= 2.13): the flag is an entry of our own handle.
 _GLOBAL_WITH_KWARGS: dict = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
 # None on a torch without these tables: the hook is then registered through torch's function
 _GLOBAL_HOOKS: dict | None = (getattr(_module_globals, "_global_forward_hooks", None)
                               if hasattr(_module_globals, "_global_forward_hooks_with_kwargs")
                               else None)
-_GLOBAL_ALWAYS_CALLED: dict = getattr(_module_globals, "_global_forward_hooks_always_called", {})
 
 
 class GlobalHook:
@@ -29,7 +30,7 @@ class GlobalHook:
 
     def __init__(self) -> None:
         self.hook: Callable | None = None
-        self._handle = None
+        self._handle: HookEntries | RemovableHandle | None = None
 
     def install(self) -> None:
         """The global forward hook (with_kwargs), entered into torch's tables in an order that
@@ -42,10 +43,10 @@ class GlobalHook:
         if _GLOBAL_HOOKS is None:  # a torch without these tables: its own register
             self._handle = register_module_forward_hook(self.hook, with_kwargs=True)
             return
-        handle = RemovableHandle(_GLOBAL_HOOKS, extra_dict=_GLOBAL_ALWAYS_CALLED)
-        self._handle = handle
-        _GLOBAL_WITH_KWARGS[handle.id] = True
-        _GLOBAL_HOOKS[handle.id] = self.hook
+        key = RemovableHandle(_GLOBAL_HOOKS).id  # a key torch gives no other hook
+        self._handle = HookEntries([(_GLOBAL_WITH_KWARGS, key, True),  # flag first
+                                    (_GLOBAL_HOOKS, key, self.hook)])
+        self._handle.put()
 
     def remove(self) -> None:
         """The hook out of torch's tables, then its flag; forgotten only once both are gone
@@ -53,5 +54,4 @@ class GlobalHook:
         handle = self._handle
         if handle is not None:
             handle.remove()
-            _GLOBAL_WITH_KWARGS.pop(handle.id, None)
             self._handle = None
