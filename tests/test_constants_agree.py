@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from singlecard_nb.inspection.kernel import native, reductions, values
+from singlecard_nb.inspection.kernel import native, reductions
 
 KERNEL_DIR = Path(native.__file__).parent
 
@@ -51,6 +51,6 @@ def test_the_kernel_writes_the_raw_row_in_the_order_python_reads_it():
     assert row["shift"] == pytest.approx(mean) and row["s1"] == pytest.approx(0.0, abs=1e-6)
     assert row["s2"] == pytest.approx(float(((x - mean) ** 2).sum()))
     assert (row["nan"], row["inf"], row["nonzero"]) == (0.0, 0.0, 3.0)
-    got = dict(zip(values.VALUES, values.finish(np.array([list(out)]), np.array([5.0]))[0]))
+    got = dict(zip(reductions.VALUES, reductions.finish(np.array([list(out)]), np.array([5.0]))[0]))
     assert got["std"] == pytest.approx(float(x.std()))
     assert got["zeros"] == pytest.approx(0.4)

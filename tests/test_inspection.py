@@ -22,7 +22,7 @@ from torch.nn.modules import module as module_globals
 import singlecard_nb as scn
 from singlecard_nb.inspection.engine import COLUMNS
 from singlecard_nb.inspection.kernel import reductions, stats
-from singlecard_nb.inspection.kernel.values import finish
+from singlecard_nb.inspection.kernel.reductions import finish
 
 
 def hooks_left(model: nn.Module) -> int:

@@ -17,7 +17,7 @@ from torch import nn
 
 import singlecard_nb as scn
 from singlecard_nb.inspection.kernel import native, readable, stats
-from singlecard_nb.inspection.kernel.values import VALUES, finish
+from singlecard_nb.inspection.kernel.reductions import VALUES, finish
 
 
 @pytest.fixture(scope="module")

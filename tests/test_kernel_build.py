@@ -85,7 +85,7 @@ def test_a_rank_starting_while_another_holds_the_lock_takes_its_first_step_with_
     locks = [open(path, "a") for path in cache.glob("*.lock")]
     try:
         for handle in locks:
-            build.lock_file(handle)  # another rank, loading
+            native.lock_file(handle)  # another rank, loading
         env = {**os.environ, "SINGLECARD_NB_CACHE_DIR": str(cache), "CC": str(cc)}
         done = subprocess.run([sys.executable, "-c", first_step], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=120)

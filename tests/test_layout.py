@@ -42,14 +42,8 @@ INSPECTION_ROOMS = {
 
 
 # Rooms with a face: code outside the room imports the room (its __init__) and only names its
-# `__all__` lists, never one of its files. recording/, kernel/ and causes/ get theirs later
-# (their faces are other issues' work now): until then their own imports of a faced room's
-# files are listed here, so no new one passes unseen.
-FACED_ROOMS = ("runs", "finding", "views", "memory")
-NOT_YET_FACED = {  # (importer, imported file): to become imports of the face
-    ("singlecard_nb.inspection.recording.calls", "singlecard_nb.inspection.memory.ledger"),
-    ("singlecard_nb.inspection.recording.recorder", "singlecard_nb.inspection.memory.ledger"),
-}
+# `__all__` lists, never one of its files. Every room of inspection/ has one.
+FACED_ROOMS = ("recording", "kernel", "memory", "causes", "views", "runs", "finding")
 
 # Module names used twice, each pair on purpose: one name per wing, for that wing's concept.
 SAME_NAME_ON_PURPOSE = {
@@ -301,7 +295,7 @@ def _face_breaches() -> list[str]:
             else:
                 continue
             faced = _room_of(target)
-            if faced not in FACED_ROOMS or room == faced or (module, target) in NOT_YET_FACED:
+            if faced not in FACED_ROOMS or room == faced:
                 continue
             face = f"singlecard_nb.inspection.{faced}"
             if target != face:

@@ -26,14 +26,21 @@ from torch import nn
 
 from ..borrow import uninterrupted
 from .diagnostics import Diagnostics
-from .kernel.values import VALUES
+from .kernel import VALUES
 from .memory import MemoryWatch
 from .options import Kept, check_arguments, check_memory
-from .recording.attach import Attachment
-from .recording.calls import CallTracker, step_clock
-from .recording.compile_watch import compile_listeners
-from .recording.recorder import Recorder
-from .recording.store import COLUMNS, DEFAULT_MAX_ROWS, StepRecord, Store, to_frame
+from .recording import (
+    COLUMNS,
+    DEFAULT_MAX_ROWS,
+    Attachment,
+    CallTracker,
+    Recorder,
+    StepRecord,
+    Store,
+    compile_listeners,
+    step_clock,
+    to_frame,
+)
 from .targets import globs, select_targets, track_histograms
 from .views import Summary
 

@@ -28,7 +28,7 @@ import torch
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from . import cpu_streams
-from .under_cpu import under_cpu
+from .cuda_on_cpu import under_cpu
 
 _CPU_NOTE = ("singlecard_nb: torch.accelerator.{}() under `%singlecard cpu` is {}: this "
              "session's one device is the CPU (torch and the libraries are told "

@@ -1,5 +1,6 @@
 """`%singlecard cpu`: the CUDA calls of CUDA-minded scripts answered by a one-GPU machine whose
-GPU happens to be the CPU.
+GPU happens to be the CPU; and `under_cpu(device)`, which every module of the wing asks
+whether this is the case.
 
 Each decision, and why (also in the README, "Multi-GPU code on one card"):
 
@@ -56,6 +57,13 @@ from ..borrow import Borrowed
 from ..notices import Notices
 from . import cpu_amp, cpu_memory, cpu_random, cpu_streams
 from .cuda_patch import patch_cuda
+
+
+def under_cpu(device: torch.device) -> bool:
+    """Whether `device`, the device single-card mode follows, is the CPU rather than a card:
+    the wing's one answer (DDP and DataParallel then get no device ids, process groups use
+    gloo, `.cuda()` means "the device"), so its modules cannot disagree on which case it is."""
+    return device.type != "cuda"
 
 
 def install(owner: Borrowed, device: torch.device, notices: Notices) -> None:

@@ -22,6 +22,7 @@ gloo's listener closes (groups.py), and calling it says to rebuild it.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,21 +30,21 @@ import torch.distributed as dist
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
-from .conversions import Conversions
+from .cuda_on_cpu import under_cpu
 from .groups import Groups
-from .under_cpu import under_cpu
 
 
 def install(owner: Borrowed, device: torch.device, groups: Groups, notices: Notices,
-            conversions: Conversions) -> None:
-    """Patch `FullyShardedDataParallel.__init__` for `device`, owned by `owner`: now if
+            converted: Callable[[str, str], None]) -> None:
+    """Patch `FullyShardedDataParallel.__init__` for `device`, owned by `owner`, telling
+    `converted(what, into)` of each FSDP made: now if
     torch.distributed.fsdp is imported, else when it is (importing it takes a third of torch's
     own import time, which every pin, and every rank of `--ranks N`, would pay for nothing)."""
     if not dist.is_available():
         return
     owner.after_import(
         _MODULE, lambda module: _patch(owner, module.FullyShardedDataParallel, device, groups,
-                                       notices, conversions),
+                                       notices, converted),
         "FullyShardedDataParallel (world of one)")
 
 
@@ -51,7 +52,7 @@ _MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
 
 
 def _patch(owner: Borrowed, FSDP: Any, device: torch.device, groups: Groups,  # noqa: N803
-           notices: Notices, conversions: Conversions) -> None:
+           notices: Notices, converted: Callable[[str, str], None]) -> None:
     original = FSDP.__init__
     signature = inspect.signature(original)
     depth = [0]  # auto_wrap_policy builds the inner wrappers inside the outer one's __init__
@@ -93,8 +94,8 @@ def _patch(owner: Borrowed, FSDP: Any, device: torch.device, groups: Groups,  # 
             depth[0] -= 1
         if outer:
             groups.track(self)  # released (its group let go of) when the group is destroyed
-            conversions.record(f"FullyShardedDataParallel(device_id={requested!r})",
-                               f"the real FSDP1 on {device}, a world of one")
+            converted(f"FullyShardedDataParallel(device_id={requested!r})",
+                      f"the real FSDP1 on {device}, a world of one")
 
     owner.set_attr(FSDP, "__init__", wrap_like(original, __init__),
                    "FullyShardedDataParallel (world of one)")

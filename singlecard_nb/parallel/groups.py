@@ -38,9 +38,9 @@ from torch import nn
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
 from . import world_size as world_size_notice
+from .cuda_on_cpu import under_cpu
 from .released import is_live_group, release_wrapper
 from .sockets import listening_sockets
-from .under_cpu import under_cpu
 
 # Modules whose functions take `group=dist.group.WORLD` as a default, evaluated at import.
 _CAPTURE_WORLD_AT_IMPORT = (

@@ -16,6 +16,7 @@ import inspect
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,8 +24,7 @@ import torch.distributed as dist
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
-from .conversions import Conversions
-from .under_cpu import under_cpu
+from .cuda_on_cpu import under_cpu
 
 # Modules that hold torch's init_device_mesh as an attribute users import it from.
 _HOLDERS = ("torch.distributed.device_mesh", "torch.distributed._tensor.device_mesh",
@@ -36,8 +36,9 @@ class MeshTooLargeError(RuntimeError):
 
 
 def install(owner: Borrowed, device: torch.device, notices: Notices,
-            conversions: Conversions, world: int = 1) -> None:
-    """Patch init_device_mesh wherever it is importable from, owned by `owner`.
+            converted: Callable[[str, str], None], world: int = 1) -> None:
+    """Patch init_device_mesh wherever it is importable from, owned by `owner`, telling
+    `converted(what, into)` of each mesh made.
 
     world: N in a rank of a world of N whose ranks share the device (single_card.enable)."""
     if not dist.is_available():
@@ -45,7 +46,7 @@ def install(owner: Borrowed, device: torch.device, notices: Notices,
     import torch.distributed.device_mesh as device_mesh
 
     original = device_mesh.init_device_mesh
-    patched = wrap_like(original, _init_device_mesh(original, device, notices, conversions,
+    patched = wrap_like(original, _init_device_mesh(original, device, notices, converted,
                                                     world))
     for name in _HOLDERS:
         module = sys.modules.get(name)
@@ -54,7 +55,7 @@ def install(owner: Borrowed, device: torch.device, notices: Notices,
 
 
 def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
-                      conversions: Conversions, launched: int) -> Any:
+                      converted: Callable[[str, str], None], launched: int) -> Any:
     signature = inspect.signature(original)
 
     def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
@@ -77,8 +78,8 @@ def _init_device_mesh(original: Any, device: torch.device, notices: Notices,
         if not dist.is_initialized():  # torch would rendezvous through env:// instead
             dist.init_process_group("gloo" if under_cpu(device) else None)
         mesh = original(*call.args, **call.kwargs)
-        conversions.record(asked, f"a {arguments['device_type']} mesh {shape}, a world of "
-                                  f"{'one' if world == 1 else world}")
+        converted(asked, f"a {arguments['device_type']} mesh {shape}, a world of "
+                         f"{'one' if world == 1 else world}")
         return mesh
 
     return init_device_mesh

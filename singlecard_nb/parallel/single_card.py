@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
@@ -44,10 +45,9 @@ from . import (
     world_size,
     wrappers,
 )
-from .conversions import Conversions
+from .cuda_on_cpu import under_cpu
 from .groups import Groups
 from .guards import Guards
-from .under_cpu import under_cpu
 
 __all__ = ["enable", "disable", "enabled", "unwrap", "report"]
 
@@ -57,6 +57,24 @@ TORCHRUN_ENV = {**{name: value for name, value in job.torchrun_environ(0, 1).ite
                 "MASTER_ADDR": job.LOCALHOST}
 
 _BOOKKEEPING = "single-card mode state"  # the owner's own clean-up entry, not a patch
+
+
+# --- what became what (FSDP -> the real FSDP1 on the CPU, a mesh -> a world of one) -----------
+class Conversions:
+    """`record("FullyShardedDataParallel(device_id=0)", "the real FSDP1 on cpu")`, counted."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, what: str, into: str) -> None:
+        with self._lock:
+            self._counts[(what, into)] = self._counts.get((what, into), 0) + 1
+
+    def summary(self) -> list[str]:
+        """"what → into (×n)", in the order they first happened."""
+        with self._lock:
+            return [f"{what} → {into} (×{n})" for (what, into), n in self._counts.items()]
 
 
 @dataclass
@@ -113,8 +131,8 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
             pinned_memory.install(owner, notices)
         accelerator.install(owner, device, notices)
         Guards(device, notices, world=world).install(owner)
-        fsdp.install(owner, device, groups, notices, conversions)
-        mesh.install(owner, device, notices, conversions, world=world)
+        fsdp.install(owner, device, groups, notices, conversions.record)
+        mesh.install(owner, device, notices, conversions.record, world=world)
         spawn.install(owner, notices)
         if world == 1 and (size := world_size.from_environ(os.environ)) is not None:
             world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",

@@ -25,8 +25,8 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..borrow import Borrowed, wrap_like
 from ..notices import Notices
+from .cuda_on_cpu import under_cpu
 from .groups import Groups
-from .under_cpu import under_cpu
 
 Made = Callable[[str, str], None]  # made(what was asked, what it became): a wrapper was built
 

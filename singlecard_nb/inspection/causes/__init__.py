@@ -21,10 +21,32 @@ tier and size; then the quiet rest.
 from __future__ import annotations
 
 from . import grads, inputs, learning, loss, optimizer, outputs, params
-from .rows import NONFINITE, QUIET, WAS_NONFINITE, Row
-from .series import ABSMAX, MEAN, Tracks, num
+from .outputs import DEAD, MOVED, OUTLIER_RATIO, WINDOW
+from .rows import DEAD_TIER, MOVING, NONFINITE, OUTLIER, QUIET, WAS_NONFINITE, Row
+from .series import (
+    ABSMAX,
+    ATTRS,
+    FRAME_COLUMNS,
+    HISTORY,
+    INF,
+    MEAN,
+    NAN,
+    STD,
+    STEP,
+    ZEROS,
+    Track,
+    Tracks,
+    condensed,
+    num,
+)
 
-__all__ = ["Row", "Tracks", "assess", "order", "first_grown", "prior_cause"]
+# The room's face: other rooms import these names from here, never its files. Beside the
+# ranking (assess, order, first_grown, prior_cause): a Track's fields and a frame's columns
+# (series), the tiers of a row (rows) and the thresholds the views name (outputs).
+__all__ = ["ABSMAX", "ATTRS", "DEAD", "DEAD_TIER", "FRAME_COLUMNS", "HISTORY", "INF", "MEAN",
+           "MOVED", "MOVING", "NAN", "NONFINITE", "OUTLIER", "OUTLIER_RATIO", "QUIET", "STD",
+           "STEP", "WAS_NONFINITE", "WINDOW", "ZEROS", "Row", "Track", "Tracks", "assess",
+           "condensed", "first_grown", "order", "prior_cause"]
 
 
 def assess(tracks: Tracks) -> list[Row]:

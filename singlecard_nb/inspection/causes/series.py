@@ -226,7 +226,7 @@ class Tracks:
                      inf, zeros, maximum)
 
     def feed(self, records: Iterable[Any]) -> None:
-        """Read the rows of step records (`meta` tuples, `values` rows of kernel.values.VALUES) not
+        """Read the rows of step records (`meta` tuples, `values` rows of kernel.reductions.VALUES) not
         read before; a record is read once, so each draw costs only the new steps."""
         records = list(records)
         alive = {id(r) for r in records}

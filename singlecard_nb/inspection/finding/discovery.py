@@ -29,8 +29,7 @@ from torch import nn
 from ...borrow import Borrowed, uninterrupted
 from ..diagnostics import user_stacklevel
 from ..engine import Inspector
-from ..recording.compile_watch import compile_listeners
-from ..recording.stack import calls_on_stack
+from ..recording import calls_on_stack, compile_listeners
 from .finder_hook import FinderHook
 from .found import FoundModels
 from .marks import Marks

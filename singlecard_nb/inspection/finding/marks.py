@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from ...borrow import uninterrupted
-from ..recording.copies import Uncopied
+from ..recording import Uncopied
 
 
 class Marks:

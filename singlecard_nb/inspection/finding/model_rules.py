@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from ..recording.attach import STEP_METHODS
+from ..recording import STEP_METHODS
 
 _CALL_IMPL = nn.Module._call_impl.__code__
 # Averaging helpers whose `module` is a copy of the model (torch's swa_utils, timm, ema-pytorch)

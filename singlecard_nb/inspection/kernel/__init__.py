@@ -1,3 +1,13 @@
-"""Statistics: the reductions a step's tensors get (`stats`; what can be read, `readable`; RAW
-rows to VALUES, `values`), the one-read C kernel (`native`, from `onepass.c`) and its
-compilation and cache (`build`). Imports nothing else of inspection."""
+"""Statistics: the reductions a step's tensors get (`stats`; what can be read, `readable`; a
+tensor's RAW row by torch and RAW rows to VALUES, `reductions`), the one-read C kernel loaded
+from its cache or built in the background (`native`, from `onepass.c`) with its compilation
+beside it (`build`). Imports nothing else of inspection.
+
+The room's face: other rooms import these names from here, never its files.
+"""
+
+from .readable import plain, reducible
+from .reductions import VALUES
+from .stats import StepStats
+
+__all__ = ["VALUES", "StepStats", "plain", "reducible"]

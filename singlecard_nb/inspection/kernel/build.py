@@ -1,27 +1,22 @@
-"""Compiling the statistics kernel and keeping it: the compiler, the flags, torch's OpenMP
-library, and the per-user cache that lets a machine build it once (native.py loads it)."""
+"""Compiling the statistics kernel: the compiler, the flags, torch's OpenMP library, and a
+build that tries each way until one compiles and loads (native.py keeps what it makes, in its
+cache, and loads it)."""
 
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
-import platform
 import shutil
 import signal
-import stat
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-CACHE_ENV = "SINGLECARD_NB_CACHE_DIR"
 COMPILE_TIMEOUT_S = 120
 
 
@@ -55,63 +50,6 @@ def torch_openmp_library() -> str | None:
     except OSError:
         return None
     return torch_openmp(maps, os.path.dirname(os.path.realpath(torch.__file__)))
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept, per user: $SINGLECARD_NB_CACHE_DIR, else
-    $XDG_CACHE_HOME/singlecard_nb or ~/.cache/singlecard_nb."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "singlecard_nb")
-
-
-def private_folder(folder: Path) -> bool:
-    """Create `folder` for this user only; False when it is not safe to load code from (owned
-    by someone else, or writable by others): then the kernel is built in a temporary folder."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError:
-        return False
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return False
-    return not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _cpu_identity() -> str:
-    """What -march=native compiles for: a kernel built on one CPU may not run on another (a
-    home directory shared by the nodes of a cluster)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
-    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in keep]
-    return "\n".join(dict.fromkeys(lines))  # the first CPU's; the others repeat it
-
-
-def _compiler_identity(cc: str) -> str:
-    """The compiler's file, its size and time: a new compiler version is a new build. Not its
-    `--version`: start() reads this before a step goes on, and must never wait for a program."""
-    path = os.path.realpath(cc)
-    try:
-        info = os.stat(path)
-    except OSError:
-        return path
-    return f"{path} {info.st_size} {info.st_mtime_ns}"
-
-
-def key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
-    """A built kernel's name: everything that changes what the compiler makes of the sources."""
-    digest = hashlib.sha256()
-    for part in (cc, _compiler_identity(cc), str(openmp), sys.version, sys.platform,
-                 sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
-                 _cpu_identity(), repr(FLAG_SETS), *sources.values()):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:24]
 
 
 _running: set[int] = set()  # process groups of the compilers running now (one per build step)
@@ -187,16 +125,38 @@ def compile_library(cc: str, source: Path, flags: Sequence[str], extra: list[str
     return ""
 
 
-def temporary_folder() -> str:
-    folder = tempfile.mkdtemp(prefix="singlecard_nb-")
-    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
-    return folder
+def build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str],
+             builds: Sequence[tuple[str, list[str], str]], load: Callable[[str, Path], Any],
+             keep_as: Callable[[str], Path] | None = None) -> Any:
+    """What `load(kind, library)` makes of the first library that compiles and loads: each way
+    of `builds` (source, extra flags, kind of library), each set of flags, in a work folder
+    inside `folder`, removed at the end.
 
-
-def lock_file(handle: Any) -> None:
-    """Lock `handle` for this process, waiting while another process holds it."""
+    keep_as: where a library of a kind is kept for the next process (moved into place whole);
+        None: it goes with the work folder.
+    """
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
     try:
-        import fcntl
-    except ImportError:  # Windows: no cc there anyway
-        return
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        for name, text in sources.items():
+            Path(work, name).write_text(text)
+        variants = [(flags, None) for flags in FLAG_SETS]
+        if openmp is not None:  # link torch's own OpenMP library, by its path, not -lgomp
+            variants.insert(0, ((*FLAG_SETS[0], "-fopenmp"), openmp))
+        error = ""
+        for source, extra, kind in builds:
+            for i, (flags, library) in enumerate(variants):
+                lib_path = Path(work, f"{i}-{kind}")
+                error = compile_library(cc, Path(work, source), flags, extra, library, lib_path)
+                if error:
+                    continue
+                try:
+                    loaded = load(kind, lib_path)  # stays loaded after the file goes
+                except (ImportError, OSError) as e:  # e.g. headers of another Python
+                    error = f"{type(e).__name__}: {e}"
+                    break  # the next way of building
+                if keep_as is not None:
+                    os.replace(lib_path, keep_as(kind))
+                return loaded
+        raise RuntimeError(f"{cc} failed: {error}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

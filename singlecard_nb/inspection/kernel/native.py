@@ -1,11 +1,12 @@
-"""The one-pass statistics kernel for CPU tensors (`onepass.c`), built in the background.
+"""The one-pass statistics kernel for CPU tensors (`onepass.c`): loaded from a per-user cache, or
+built in the background (compiling it is `build.py`), and loaded here either way.
 
 Taking min, max, sum, sum of squares and the zero count with torch costs about five reads of
 a tensor plus temporaries; `onepass.c` reads it once (measured in benchmarks/README.md). It is
 compiled with the system C compiler (`$CC`, else cc, gcc or clang) as a Python extension module
 (`onepass_module.c`) where Python's headers are installed, else as a plain library loaded with
 ctypes, and checked against torch on a known tensor. It is built once per machine and user, into
-a private cache (`build.cache_dir()`), named by everything that changes the build: the sources, the
+a private cache (`cache_dir()`), named by everything that changes the build: the sources, the
 compiler, the flags, the Python, the CPU (`-march=native`) and torch's OpenMP library; a lock
 keeps the ranks of a job from building it together. The build runs in a daemon thread, started
 by the first CPU tensor to reduce (`start()`), so no step ever waits for it: `kernels()` stays
@@ -16,11 +17,15 @@ on. `SINGLECARD_NB_NATIVE=0` turns the kernel off.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import hashlib
 import importlib.util
 import math
 import os
+import platform
 import shutil
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -28,6 +33,7 @@ import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,35 +137,111 @@ def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
     package = resources.files(__package__)
     sources = {name: package.joinpath(name).read_text() for name in ("onepass.c",
                                                                      "onepass_module.c")}
-    folder = build.cache_dir()
-    if not build.private_folder(folder):
+    folder = cache_dir()
+    if not private_folder(folder):
         if only_cached:
             return None
-        return _build_in(Path(build.temporary_folder()), cc, openmp, sources, keep=False)
-    key = build.key(cc, openmp, sources)
+        return build.build_in(Path(temporary_folder()), cc, openmp, sources, _builds(), _load)
+    name = key(cc, openmp, sources)
     if only_cached:
         # Without the lock: a built library is moved into place whole, so it can be read while
         # another rank holds the lock to load it too; waiting for that rank (or skipping the
         # cache) would take this rank's first steps with torch, and the ranks' statistics of
         # one all-reduced gradient would differ in the last bits.
-        return _load_cached(folder, key, remove_broken=False)
-    with open(folder / f"{key}.lock", "a") as lock:
-        build.lock_file(lock)  # released when the file closes
-        return (_load_cached(folder, key, remove_broken=True)
-                or _build_in(folder, cc, openmp, sources, keep=True, key=key))
+        return _load_cached(folder, name, remove_broken=False)
+    with open(folder / f"{name}.lock", "a") as lock:
+        lock_file(lock)  # released when the file closes
+        return (_load_cached(folder, name, remove_broken=True)
+                or build.build_in(folder, cc, openmp, sources, _builds(), _load,
+                                  keep_as=lambda kind: folder / f"onepass-{name}-{kind}"))
 
 
-def _load_cached(folder: Path, key: str, remove_broken: bool) -> dict[torch.dtype, Kernel] | None:
-    """The kernels built before under `key`, checked; None if none loads. `remove_broken`
+# --- the cache: one build per machine and user ------------------------------------------------
+CACHE_ENV = "SINGLECARD_NB_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept, per user: $SINGLECARD_NB_CACHE_DIR, else
+    $XDG_CACHE_HOME/singlecard_nb or ~/.cache/singlecard_nb."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "singlecard_nb")
+
+
+def private_folder(folder: Path) -> bool:
+    """Create `folder` for this user only; False when it is not safe to load code from (owned
+    by someone else, or writable by others): then the kernel is built in a temporary folder."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return False
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return False
+    return not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: a kernel built on one CPU may not run on another (a
+    home directory shared by the nodes of a cluster)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in keep]
+    return "\n".join(dict.fromkeys(lines))  # the first CPU's; the others repeat it
+
+
+def _compiler_identity(cc: str) -> str:
+    """The compiler's file, its size and time: a new compiler version is a new build. Not its
+    `--version`: start() reads this before a step goes on, and must never wait for a program."""
+    path = os.path.realpath(cc)
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path
+    return f"{path} {info.st_size} {info.st_mtime_ns}"
+
+
+def key(cc: str, openmp: str | None, sources: dict[str, str]) -> str:
+    """A built kernel's name: everything that changes what the compiler makes of the sources."""
+    digest = hashlib.sha256()
+    for part in (cc, _compiler_identity(cc), str(openmp), sys.version, sys.platform,
+                 sysconfig.get_config_var("EXT_SUFFIX") or "", platform.machine(),
+                 _cpu_identity(), repr(build.FLAG_SETS), *sources.values()):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:24]
+
+
+def temporary_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="singlecard_nb-")
+    atexit.register(shutil.rmtree, folder, True)  # also if the interpreter ends mid-build
+    return folder
+
+
+def lock_file(handle: Any) -> None:
+    """Lock `handle` for this process, waiting while another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no cc there anyway
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+
+
+# --- loading: the kinds of library, each checked against torch --------------------------------
+def _load_cached(folder: Path, name: str, remove_broken: bool) -> dict[torch.dtype, Kernel] | None:
+    """The kernels built before under `name`, checked; None if none loads. `remove_broken`
     (only under the lock): a broken or stale library is deleted, to be built again."""
     for _source, _extra, kind in _builds():
-        built = folder / f"onepass-{key}-{kind}"
+        built = folder / f"onepass-{name}-{kind}"
         if not built.is_file():
             continue
         try:
-            kernels = _LOADERS[kind](built)
-            _self_test(kernels)
-            return kernels
+            return _load(kind, built)
         except (ImportError, OSError, RuntimeError):
             if remove_broken:
                 built.unlink(missing_ok=True)
@@ -176,37 +258,6 @@ def _builds() -> list[tuple[str, list[str], str]]:
     if headers is not None:
         builds.insert(0, ("onepass_module.c", [f"-I{headers}", *_EXTENSION_FLAGS], "module.so"))
     return builds
-
-
-def _build_in(folder: Path, cc: str, openmp: str | None, sources: dict[str, str], *,
-              keep: bool, key: str = "") -> dict[torch.dtype, Kernel]:
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
-    try:
-        for name, text in sources.items():
-            Path(work, name).write_text(text)
-        variants = [(flags, None) for flags in build.FLAG_SETS]
-        if openmp is not None:  # link torch's own OpenMP library, by its path, not -lgomp
-            variants.insert(0, ((*build.FLAG_SETS[0], "-fopenmp"), openmp))
-        error = ""
-        for source, extra, kind in _builds():
-            for i, (flags, library) in enumerate(variants):
-                lib_path = Path(work, f"{i}-{kind}")
-                error = build.compile_library(cc, Path(work, source), flags, extra,
-                                                     library, lib_path)
-                if error:
-                    continue
-                try:
-                    kernels = _LOADERS[kind](lib_path)  # stays loaded after the file goes
-                except (ImportError, OSError) as e:  # e.g. headers of another Python
-                    error = f"{type(e).__name__}: {e}"
-                    break  # the next way of building
-                _self_test(kernels)
-                if keep:  # for the next process: moved into place whole
-                    os.replace(lib_path, folder / f"onepass-{key}-{kind}")
-                return kernels
-        raise RuntimeError(f"{cc} failed: {error}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # macOS links an extension's Python symbols when it is loaded, as Linux does by default.
@@ -254,6 +305,13 @@ def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
 
 
 _LOADERS = {"module.so": _load_module, "ctypes.so": _load_library}  # by kind of library
+
+
+def _load(kind: str, path: Path) -> dict[torch.dtype, Kernel]:
+    """The kernels of the library at `path`, of `kind`, checked against torch."""
+    kernels = _LOADERS[kind](path)
+    _self_test(kernels)
+    return kernels
 
 GIL_RELEASE_NUMEL = 1 << 16  # from this size (~10 us of reading) other threads may run
 

@@ -1,5 +1,9 @@
-"""Torch reductions into RAW rows: the fallback for CPU tensors (before the one-pass kernel is
-ready, or where it cannot be built), accelerator tensors, and batches of small tensors.
+"""A tensor's RAW row (min, max, a shift, the sums of the values minus the shift and of their
+squares, NaN, Inf and non-zero counts), taken by torch reductions, and `finish`: many RAW rows
+turned into the eight statistics, `VALUES`, at once on the host.
+
+Torch's reductions are the fallback for CPU tensors (before the one-pass kernel is ready, or
+where it cannot be built), accelerator tensors, and batches of small tensors.
 
 They give what the kernel gives (`stats.py` states the precision, the same on every path):
 sums of float32 and half values are taken in float64, in chunks of `_SUM_CHUNK` values (a
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 RAW = ("min", "max", "shift", "s1", "s2", "nan", "inf", "nonzero")  # s1 = sum(x - shift), s2 of squares
@@ -25,6 +30,25 @@ _SUM_CHUNK = 1 << 16  # float64 copies of this many values at a time (512 KiB)
 # float64 squares of values beyond this (or below its inverse) overflow (or lose digits to
 # underflow): such rows are taken exactly (stats.StepStats._check_range)
 FLOAT64_SQUARES_FIT = 1e150
+
+# --- RAW rows to VALUES, on the host ------------------------------------------------------------
+VALUES = ("mean", "std", "min", "max", "absmax", "nan", "inf", "zeros")
+EMPTY = (math.nan,) * len(VALUES)  # what an empty or unreducible tensor gets
+
+
+def finish(raw: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """VALUES ([k, 8] float64) from RAW rows ([k, 8]) of tensors of `n` ([k]) elements."""
+    lo, hi, shift, s1, s2, nan, inf, nonzero = raw.T
+    with np.errstate(all="ignore"):
+        mean = np.where(np.isfinite(shift), shift + s1 / n, shift)  # an Inf mean stays Inf
+        var = np.maximum(s2 - s1 * s1 / n, 0.0) / (n - 1)  # unbiased, like torch.std
+        var[(n <= 1) | ~np.isfinite(s1) | ~np.isfinite(s2)] = np.nan
+        constant = (lo == hi) & np.isfinite(lo)  # exact: no rounding in the mean or std
+        mean = np.where(constant, lo, mean)
+        var = np.where(constant & (n > 1), 0.0, var)
+        absmax = np.maximum(np.abs(lo), np.abs(hi))  # NaN stays NaN
+        zeros = (n - nonzero) / n
+    return np.stack([mean, np.sqrt(var), lo, hi, absmax, nan, inf, zeros], axis=1)
 
 
 def wide(device: torch.device) -> torch.dtype:

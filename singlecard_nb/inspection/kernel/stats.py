@@ -47,9 +47,17 @@ import torch
 
 from . import native
 from .readable import as_real, is_zerotensor, one_block, real_dtype
-from .reductions import FLOAT64_SQUARES_FIT, RAW, reduce_cpu, reduce_on_device, reduce_rows, wide
+from .reductions import (
+    EMPTY,
+    FLOAT64_SQUARES_FIT,
+    RAW,
+    finish,
+    reduce_cpu,
+    reduce_on_device,
+    reduce_rows,
+    wide,
+)
 from .staging import Staging
-from .values import EMPTY, finish
 
 SMALL_NUMEL = 16384  # at or below this, per-op overhead dominates: copy, defer and batch
 DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (bounded memory)

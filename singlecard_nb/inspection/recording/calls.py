@@ -22,7 +22,7 @@ from torch import nn
 
 from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics
-from ..memory.ledger import MemoryLedger
+from ..memory import MemoryLedger
 from ..targets import Target
 from .recorder import Recorder
 from .stack import calls_on_stack, in_backward

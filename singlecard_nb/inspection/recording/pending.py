@@ -8,8 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..kernel.stats import StepStats
-from ..kernel.values import VALUES
+from ..kernel import VALUES, StepStats
 from .extras import channels_to_host
 
 

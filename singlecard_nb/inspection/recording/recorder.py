@@ -23,8 +23,8 @@ from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
 from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics
-from ..kernel.readable import plain, reducible
-from ..memory.ledger import MemoryLedger, peak_bytes
+from ..kernel import plain, reducible
+from ..memory import MemoryLedger, peak_bytes
 from ..targets import Target
 from .extras import channel_stats
 from .pending import Pending

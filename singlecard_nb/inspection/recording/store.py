@@ -15,7 +15,7 @@ import torch
 
 from ...job import rank
 from ..diagnostics import Diagnostics
-from ..kernel.values import VALUES
+from ..kernel import VALUES
 
 # `training` is the module's .training flag at the call (train vs eval); it comes last so that
 # the columns of version 0.1 keep their places.

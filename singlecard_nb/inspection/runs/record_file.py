@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ...job import place
-from ..causes.series import ATTRS, condensed
+from ..causes import ATTRS, condensed
 
 # --- the layout -------------------------------------------------------------------------------
 FORMAT = 1  # the extras' tables are optional: a reader that ignores them still reads the rows

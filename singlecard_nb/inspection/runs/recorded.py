@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from ..causes import Tracks
-from ..causes.series import ATTRS, FRAME_COLUMNS
+from ..causes import ATTRS, FRAME_COLUMNS, Tracks
 from ..views import Summary
 from ..views import findings as ranked
 from .record_file import is_sqlite, read_one

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..causes.series import ABSMAX, INF, MEAN, NAN, STD, STEP, Tracks
+from ..causes import ABSMAX, INF, MEAN, NAN, STD, STEP, Tracks
 
 LAST_STEPS = 2  # steps sent per series: the notebook compares the ranks at a step they all have
 MAX_SERIES = 2000  # series sent per model (in the order they first reported)

@@ -17,28 +17,30 @@ import fnmatch
 import re
 from collections.abc import Sequence
 
-from ..causes import assess, order
-from ..causes.outputs import DEAD, MOVED, OUTLIER_RATIO, WINDOW  # noqa: F401  (the thresholds)
-from ..causes.rows import (  # noqa: F401  (the tiers, read by the views)
-    DEAD_TIER,
-    MOVING,
-    NONFINITE,
-    OUTLIER,
-    QUIET,
-    WAS_NONFINITE,
-    Row,
-)
-from ..causes.series import (  # noqa: F401  (positions in a Track entry)
+from ..causes import (  # noqa: F401  (the thresholds, the tiers and a Track's fields, read by the views)
     ABSMAX,
+    DEAD,
+    DEAD_TIER,
     HISTORY,
     INF,
     MEAN,
+    MOVED,
+    MOVING,
     NAN,
+    NONFINITE,
+    OUTLIER,
+    OUTLIER_RATIO,
+    QUIET,
     STD,
     STEP,
+    WAS_NONFINITE,
+    WINDOW,
     ZEROS,
+    Row,
     Track,
     Tracks,
+    assess,
+    order,
 )
 
 GROUP_MIN = 3  # repeated modules collapse from this many on (two Linears are just two rows)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from ...borrow import Borrowed, wrap_like
+from ..cuda_on_cpu import under_cpu
 from ..pinned_memory import unpinned
-from ..under_cpu import under_cpu
 from .remapper import Remapper, compiling
 
 # Functions in the torch namespace that take `device=` (keyword-only in all of them).

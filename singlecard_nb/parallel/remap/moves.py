@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ...borrow import Borrowed, wrap_like
-from ..under_cpu import under_cpu
+from ..cuda_on_cpu import under_cpu
 from .remapper import DEVICE_TYPES, NO_ARGUMENT, Remapper, compiling
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ...notices import Notices
-from ..under_cpu import under_cpu
+from ..cuda_on_cpu import under_cpu
 
 DEVICE_TYPES = (str, int, torch.device)  # exact types: bool is no device, a dtype never is
 NO_ARGUMENT = object()  # `.cuda()` called with no device

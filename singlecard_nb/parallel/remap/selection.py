@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...borrow import Borrowed, wrap_like
-from ..under_cpu import under_cpu
+from ..cuda_on_cpu import under_cpu
 from .remapper import Remapper
 
 
