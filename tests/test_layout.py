@@ -45,15 +45,11 @@ INSPECTION_ROOMS = {
 # `__all__` lists, never one of its files. Every room of inspection/ has one.
 FACED_ROOMS = ("recording", "kernel", "memory", "causes", "views", "runs", "finding")
 
-# Module names used twice, each pair on purpose: one name per wing, for that wing's concept.
-SAME_NAME_ON_PURPOSE = {
-    "arguments": {"cli/arguments", "notebook/arguments"},  # each face's own option parsing
-    "calls": {"inspection/recording/calls", "diagnosis/calls"},  # module calls: counted / on a traceback
-    "ledger": {"inspection/memory/ledger", "sizing/ledger"},  # bytes held: recorded / estimated
-    "losses": {"inspection/recording/losses", "diagnosis/rules/losses"},  # heard / explained
-    "plan": {"pinning/plan", "sizing/plan"},  # a pin's plan / a batch size's plan
-    "targets": {"inspection/targets", "pinning/targets"},  # modules to watch / devices to pin
-}
+# Module names used twice, each on purpose: only where one name means one concept in two wings.
+# None is now: each pair once named two concepts (module calls counted / on a traceback, bytes
+# recorded / estimated, a pin's plan / fit's Plan, ...) and one of each was renamed, so a name
+# says one thing wherever a reader meets it.
+SAME_NAME_ON_PURPOSE: dict[str, set[str]] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -15,7 +15,7 @@ from singlecard_nb.parallel import single_card as parallel
 from singlecard_nb.pinning import pinning, torch_side
 from singlecard_nb.pinning.devices import Machine
 from singlecard_nb.pinning.driver import DriverState
-from singlecard_nb.pinning.plan import plan_pin
+from singlecard_nb.pinning.pin_plan import plan_pin
 from singlecard_nb.pinning.state import PinState
 
 FOUR_GPUS = Path(__file__).parent / "machines" / "four_gpus.json"

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .calls import LIBRARY_DIRS, chain_of, join, location, normalised
+from .traceback_calls import LIBRARY_DIRS, chain_of, join, location, normalised
 
 
 def traced_stack(exc: BaseException) -> list | None:

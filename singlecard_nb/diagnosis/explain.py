@@ -5,7 +5,7 @@
     except Exception as e:
         print(singlecard_nb.explain(e))   # or, in a notebook, singlecard_nb.explain()
 
-Built from the exception's traceback alone (`calls`: the module calls on it hold the modules
+Built from the exception's traceback alone (`traceback_calls`: the module calls on it hold the modules
 and the arguments they were called with), so nothing is recorded while the model runs: no hooks,
 no cost until something fails. The explanation keeps descriptions only (paths, shapes, dtypes,
 devices, strings): no tensor, module or frame is referenced once it is built. The diagnosis
@@ -23,7 +23,10 @@ from .. import theme
 from ..errors import NonFiniteError, loss_hint
 from ..job import place
 from . import hints
-from .calls import (
+from .compiled import traced_calls, traced_stack, traced_user_line
+from .described import Described, describe, describe_row, input_leaves, values_text
+from .failure import Failure, counts
+from .traceback_calls import (
     Call,
     chain_of,
     child_name,
@@ -33,9 +36,6 @@ from .calls import (
     user_line,
     user_modules,
 )
-from .compiled import traced_calls, traced_stack, traced_user_line
-from .described import Described, describe, describe_row, input_leaves, values_text
-from .failure import Failure, counts
 
 _MAX_ALIASES = 4
 _MAX_MESSAGE = 400

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .calls import module_label
+from .traceback_calls import module_label
 
 
 @dataclasses.dataclass

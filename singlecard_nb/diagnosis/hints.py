@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..notices import Notices
 from .failure import Failure, Rule
-from .rules import code, distributed, layers, losses, memory, sequences, tensors
+from .rules import code, distributed, layers, loss_inputs, memory, sequences, tensors
 
 # The order is the priority: where two rules recognise one failure, the earlier one speaks.
 # - The trap's NaN/Inf first: a NonFiniteError is about values, whatever else the message says.
@@ -41,10 +41,10 @@ RULES: tuple[Rule, ...] = (
     layers.layer_norm,
     layers.embedding_dtype,
     layers.embedding_range,
-    losses.class_target_dtype,
-    losses.class_target_shape,
-    losses.class_target_out_of_bounds,
-    losses.binary_target,
+    loss_inputs.class_target_dtype,
+    loss_inputs.class_target_shape,
+    loss_inputs.class_target_out_of_bounds,
+    loss_inputs.binary_target,
     sequences.rnn_input,
     sequences.attention_inputs,
     sequences.attention_mask_length,
@@ -56,7 +56,7 @@ RULES: tuple[Rule, ...] = (
     tensors.dtype_mismatch,
     code.traced_by_compile,
 )
-RULE_MODULES = (tensors, layers, losses, sequences, code, memory, distributed)  # every public function is a rule
+RULE_MODULES = (tensors, layers, loss_inputs, sequences, code, memory, distributed)  # every public function is a rule
 
 _broken_rules = Notices()
 

@@ -17,7 +17,7 @@ from IPython.display import display
 from .. import job
 from ..borrow import Borrowed
 from . import lazy_magics
-from .arguments import inspect_options
+from .magic_lines import inspect_options
 
 
 def inspect_all_line(magics: Any, args: Any) -> None:

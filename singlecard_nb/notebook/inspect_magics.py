@@ -14,7 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..borrow import Borrowed
-from .arguments import inspect_options, parse_line
+from .magic_lines import inspect_options, parse_line
 
 _ACTIONS = ("off", "show")
 

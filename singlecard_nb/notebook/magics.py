@@ -20,7 +20,7 @@ from .. import session
 from ..pinning import devices, pinning
 from ..pinning import driver as driver_probe
 from . import ranks_run
-from .arguments import parse_line
+from .magic_lines import parse_line
 
 _SUBCOMMANDS = ("off", "status", "list", "picker", "watch", "single-card", "explain")
 _ACCEPTED = ("a TARGET (a GPU index as nvidia-smi numbers them, a GPU or MIG UUID or unique "

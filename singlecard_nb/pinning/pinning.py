@@ -4,7 +4,7 @@ A *hard* pin sets CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES=<UUID> b
 driver starts, so the process sees exactly one GPU, `cuda:0`. Once the driver has started that
 variable is ignored ("too late"); then the pin is *soft*: the matching torch device becomes the
 current one, and the other GPUs stay visible. `pin()` is `apply(plan_pin(...))`: the decision
-(plan.py) is made before anything changes, then applied through `borrow.Borrowed` owners, so
+(pin_plan.py) is made before anything changes, then applied through `borrow.Borrowed` owners, so
 `release()` (and `%unload_ext`) put back exactly what was there.
 
 This module owns the pin and nothing else: single-card mode and the status display are tied to
@@ -24,9 +24,9 @@ from . import devices, torch_side
 from . import driver as driver_probe
 from .driver import DriverState
 from .model import Machine
-from .plan import PinPlan, plan_pin
+from .pin_plan import PinPlan, plan_pin
+from .pin_targets import Choice, TargetError, auto, normalise
 from .state import ENV_VARS, PinState, env_values, environ_before
-from .targets import Choice, TargetError, auto, normalise
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import borrow
-from .targets import TargetError
+from .pin_targets import TargetError
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ import html
 
 from ..capacity import Card, size_text
 from ..theme import ERROR, GOOD, NO_MATH_CLASSES, no_math
-from .ledger import KINDS
+from .storages import KINDS
 
 _MODULES_SHOWN = 12
 

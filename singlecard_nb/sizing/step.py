@@ -1,5 +1,5 @@
 """A training step run without real memory: `FakeStep` measures steady-state steps on the fakes
-(fakes.py) under the ledger of their storages (ledger.py)."""
+(fakes.py) under the ledger of their storages (storages.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._pytree import tree_leaves
 
 from .fakes import attribute_tensors, fake_copy, quiet_fake_kernels, without_global_hooks
-from .ledger import Ledger, classify, module_stack
+from .storages import Ledger, classify, module_stack
 
 
 def reads_values(error: BaseException) -> bool:

@@ -12,8 +12,8 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from ...dtypes import dtype_name
-from ..calls import module_label
 from ..failure import Failure, ints, moved_dimension, search, shape_text
+from ..traceback_calls import module_label
 
 _SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 _CHANNELS_FIRST = {1: "x.transpose(1, 2)", 2: "x.permute(0, 3, 1, 2)", 3: "x.permute(0, 4, 1, 2, 3)"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..calls import module_label
 from ..failure import LENGTH_NAMES, Failure, ints, moved_dimension, search, shape_text
+from ..traceback_calls import module_label
 
 
 def _batch_first_sentence(f: Failure, batch_first: bool, shape: tuple, what: str, clue: str) -> str:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from . import torch_side
 from .driver import DriverState
 from .model import GpuInfo, Machine, MigInfo
+from .pin_targets import TargetError, busy_text, normalise, resolve
 from .state import PinnedDevice, PinState, env_values, environ_before
-from .targets import TargetError, busy_text, normalise, resolve
 
 if TYPE_CHECKING:
     import torch
