@@ -115,5 +115,36 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace_each_step_said
     _nothing_left([ranks])
 
 
+def test_ctrl_c_stops_ranks_with_dataloader_workers_without_a_traceback(tmp_path):
+    # minGPT-ddp's shape: a DataLoader with workers, which die with the rank's session at the
+    # SIGTERM; DataLoader's SIGCHLD handler would raise "DataLoader worker (pid ...) is killed
+    # by signal: Terminated" over the rank's exit, a RuntimeError traceback in every rank
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.arange(100000.0)), batch_size=10,"
+        " num_workers=2)\n"
+        "try:\n    for epoch in range(1000):\n        for step, (x,) in enumerate(loader):\n"
+        "            if epoch == step == 0:\n                print('started', flush=True)\n"
+        "            torch.sin(x).sum()\n"
+        "finally:\n    print('cleaned up', flush=True)\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ranks = launch.plan(2, "cpu", str(folder), [str(script)])
+    said, lines = [], []
+
+    def echo(rank, line, stream):
+        lines.append((rank, line))
+        if line == "started" and sum(text == "started" for _, text in lines) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        RankJob(ranks, str(folder), echo=echo, say=said.append).run()
+    assert len(said) == 1, said  # all ended at SIGTERM
+    assert sorted(rank for rank, line in lines if line == "cleaned up") == [0, 1], lines
+    assert not [line for _, line in lines if "Traceback" in line or "killed by signal" in line], lines
+    _nothing_left([ranks])
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-n", "0"]))
