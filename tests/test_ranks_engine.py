@@ -144,7 +144,8 @@ def test_ctrl_c_stops_ranks_with_dataloader_workers_without_a_traceback(tmp_path
     assert sorted(rank for rank, line in lines if line == "cleaned up") == [0, 1], lines
     # (a worker killed while it hands a batch over can still make multiprocessing's
     # resource_sharer thread print a traceback now and then: a race of the group's SIGTERM)
-    assert not [line for _, line in lines if "killed by signal" in line], lines
+    assert not [line for _, line in lines
+                if "killed by signal" in line or "race condition" in line], lines
     _nothing_left([ranks])
 
 

@@ -67,9 +67,11 @@ class Lifeline:
         if not self.exiting.is_set():  # a save under way at exit is left to finish
             # What the rank started in its session (DataLoader workers) got this SIGTERM too:
             # their deaths are this stop, not the error DataLoader's SIGCHLD handler would
-            # raise over the SystemExit (a RuntimeError traceback in every stopped rank)
+            # raise over the SystemExit (a RuntimeError traceback in every stopped rank). A
+            # handler that does nothing, not SIG_DFL: Python prints "Signal 17 ignored due to
+            # race condition" for a SIGCHLD received before the change and run after it.
             if hasattr(signal, "SIGCHLD"):
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGCHLD, _stopped_with_the_rank)
             raise SystemExit(TERMINATED)
 
     def at_exit(self, work: Callable[[], Any]) -> None:
@@ -114,6 +116,10 @@ class Lifeline:
             last_words(why)
         finally:
             _end_now()
+
+
+def _stopped_with_the_rank(signum: int, frame: Any) -> None:
+    """SIGCHLD while the rank stops: a child of its session ended with it; nothing to do."""
 
 
 def _parent_from_environment() -> int:
