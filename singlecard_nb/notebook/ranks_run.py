@@ -213,10 +213,11 @@ def run_ranks(shell: Any, line: str, setting: Setting) -> None:
     1. Plan: the script's command line and the pinned target, each rank's command and
        torchrun's variables (`ranks.launch.plan`: pure, nothing starts); under `%inspect all`
        each rank inspects with the notebook's options and saves to the run's folder.
-    2. Start and watch: `ranks.run.RankJob.run()` starts the ranks, echoes `[rank k]`, reads
-       their status files (`ranks.rank_status`) for the cell's progress, and ends when all
-       exit 0, one fails, none moves for `hang_after` seconds, or on Ctrl-C, every rank
-       stopped as torchrun stops them.
+    2. Start and watch: `ranks.run.RankJob.run()` starts the ranks (torch elastic's
+       `start_processes`, what torchrun runs), echoes `[rank k]`, reads their status files
+       (`ranks.rank_status`) for the cell's progress, and ends when all exit 0, one fails,
+       none moves for `hang_after` seconds, or on Ctrl-C, every rank stopped by torchrun's
+       own `PContext.close()`.
     3. Read back, in `finally`: the ranks' last statuses (a job that never formed a process
        group is said), their records joined to `scn.inspectors()` and remembered for
        `scn.compare_ranks()` (`job.LAST_RANKS_RUN`), and the run's folder removed.

@@ -3,7 +3,8 @@
 Stopping is torchrun's (torch elastic's `SubprocessContext._close`): the notebook sends SIGTERM,
 waits a bounded time shared by all ranks, then SIGKILLs (run.py). In the rank:
 - SIGTERM raises `SystemExit(143)` in the main thread, so the script's `finally` and atexit run
-  and the rank saves its records at its own exit (cli main's `finally`);
+  and the rank saves its records at its own exit (cli main's `finally`); its DataLoader
+  workers, stopped with it (one session), raise nothing over that exit;
 - the rank dies with the notebook: Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`,
   SIGTERM), and the agent's beat watches the parent's pid for platforms without it;
 - a main thread stuck in native code (a collective that never completes) runs no signal
@@ -64,6 +65,13 @@ class Lifeline:
 
     def _terminated(self, signum: int, frame: Any) -> None:
         if not self.exiting.is_set():  # a save under way at exit is left to finish
+            # What the rank started in its session (DataLoader workers) got this SIGTERM too:
+            # their deaths are this stop, not the error DataLoader's SIGCHLD handler would
+            # raise over the SystemExit (a RuntimeError traceback in every stopped rank). A
+            # handler that does nothing, not SIG_DFL: Python prints "Signal 17 ignored due to
+            # race condition" for a SIGCHLD received before the change and run after it.
+            if hasattr(signal, "SIGCHLD"):
+                signal.signal(signal.SIGCHLD, _stopped_with_the_rank)
             raise SystemExit(TERMINATED)
 
     def at_exit(self, work: Callable[[], Any]) -> None:
@@ -108,6 +116,10 @@ class Lifeline:
             last_words(why)
         finally:
             _end_now()
+
+
+def _stopped_with_the_rank(signum: int, frame: Any) -> None:
+    """SIGCHLD while the rank stops: a child of its session ended with it; nothing to do."""
 
 
 def _parent_from_environment() -> int:

@@ -1,33 +1,43 @@
-"""Start the N ranks, bring their output back as it comes, and stop every one of them.
+"""Start the N ranks on torch elastic's engine, bring their output back as it comes, and stop
+every one of them.
 
-`RankJob(ranks, folder).run()` starts each rank in its own session (so one signal reaches the
-rank and whatever it started, DataLoader workers included), reads its stdout and stderr in
-threads, and in the calling thread: echoes each line prefixed `[rank k]`, watches the exits
-and the ranks' statuses (rank_status.py), and decides:
+`RankJob(ranks, folder).run()` starts the ranks with `start_processes` (torch elastic's
+multiprocessing: what torchrun itself runs): each rank in its own session (so one signal
+reaches the rank and whatever it started, DataLoader workers included), its stdout and stderr
+written to torch's log files (`folder/logs/.../attempt_0/k/stdout.log`), which threads here
+follow as they grow. In the calling thread it echoes each line prefixed `[rank k]`, watches the
+exits (the processes torch started) and the ranks' statuses (rank_status.py), and decides:
 - all exited 0: done;
 - one exited with an error: stop the others, raise `RankFailed` (which rank, where the others
   waited);
 - no rank moved for `hang_after` seconds: stop every rank, raise `RanksHang`;
 - Ctrl-C (KeyboardInterrupt in the calling thread): stop every rank, re-raise.
-Stopping is torchrun's, in `finally`, with Ctrl-C held back until it is done (every wait has
-a deadline): a stop file and SIGTERM to each rank's process group (the rank's `finally` and
-atexit run, and it saves its own records: lifeline.py), one wait of `lifeline.GRACE` seconds
+Stopping is torchrun's own, `PContext.close()`, in `finally`, with Ctrl-C held back until it is
+done: after a stop file (lifeline.py), SIGTERM to each rank's process group (the rank's
+`finally` and atexit run, and it saves its own records), one wait of `lifeline.GRACE` seconds
 shared by all ranks, then SIGKILL to any still running, each step said; so no child, socket or
 port outlives the run. A failure is reported once the others are stopped, their output drained.
 Each rank also dies with the notebook (its parent-death signal), should the notebook be killed.
 
-Why not torch elastic's `start_processes` (torchrun's engine): its `PContext.start()`, called in
-the notebook's main thread, takes SIGTERM, SIGINT, SIGHUP and SIGQUIT for good (Ctrl-C would
-raise its SignalException instead of KeyboardInterrupt in every later cell); each rank's
-environment is the notebook's `os.environ` updated, so a variable the plan leaves out (the
-notebook's own pin) comes back; output reaches the parent only through log files; and its
-`wait()` stops the other ranks itself at a failure, before their statuses say where they
-waited. Its stopping (`SubprocessContext._close`) is what `stop()` does.
+What torch's engine lacks, or does otherwise than a notebook needs, is added or given back here:
+- `PContext.start()` takes SIGTERM, SIGINT, SIGHUP and SIGQUIT in the main thread for good (Ctrl-C
+  in every later cell would raise its SignalException): they are saved before and put back in
+  the `finally` right after it, so Ctrl-C stays KeyboardInterrupt;
+- each rank's environment is the notebook's `os.environ` updated by the plan's, so a variable
+  the plan leaves out (the notebook's own pin, its RANK, TORCHELASTIC_RUN_ID) would come back:
+  `os.environ` is the plan's own while torch starts them (a borrow, given back in `finally`),
+  so each rank has exactly the plan's environment (and torch's TORCHELASTIC_ERROR_FILE);
+- torch's tee writes whole lines only: a line redrawn with "\r" (tqdm's bar) would show at its
+  end; the log files are followed here instead, each redraw shown as it comes (`Lines`);
+- its `wait()` closes every rank at the first failure, before their statuses say where they
+  waited: the processes are watched here, and the doctor reads every status before the stop;
+- the watch of the notebook and the status beat are the ranks' own (lifeline.py, agent.py).
 """
 
 from __future__ import annotations
 
 import codecs
+import logging
 import os
 import queue
 import re
@@ -38,14 +48,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ..borrow import uninterrupted
+from ..borrow import Borrowed, uninterrupted
 from . import agent, doctor, lifeline, rank_status
 from .launch import Rank
 
 POLL = 0.1  # seconds between looks at exits and statuses
-_DRAIN = 1.0  # seconds the output of stopped ranks has to arrive (their pipes close at exit)
+_FOLLOW = 0.05  # seconds between looks at a rank's log file that had nothing new
+_DRAIN = 1.0  # seconds the output of stopped ranks has to be read (their files are complete)
+# What torch elastic's PContext.start() takes for good in the main thread (torch >= 2.6)
+_TAKEN = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+               if hasattr(signal, name))
 
 
 class RankJob:
@@ -60,18 +74,19 @@ class RankJob:
     def __init__(self, ranks: Sequence[Rank], folder: str, hang_after: float = 60.0,
                  echo: Callable[[int, str, str], None] | None = None,
                  on_status: Callable[[dict[int, Any]], None] | None = None,
-                 cwd: str | None = None, status_every: float = agent.INTERVAL,
+                 status_every: float = agent.INTERVAL,
                  say: Callable[[str], None] | None = None, grace: float = lifeline.GRACE):
         self.ranks = list(ranks)
         self.folder = folder
         self.hang_after = hang_after
         self.echo = echo or _print
         self.on_status = on_status
-        self.cwd = cwd
         self.status_every = status_every
         self.say = say or _say
         self.grace = grace
-        self.processes: dict[int, subprocess.Popen] = {}
+        self.processes: dict[int, subprocess.Popen] = {}  # what torch elastic started
+        self._context: Any = None  # torch elastic's PContext, closed once
+        self._closed = False
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
         self.said: dict[int, str] = {}  # what a rank printed of a collective mismatch
@@ -81,8 +96,7 @@ class RankJob:
         """Run to the end; {rank: exit status} (all 0), or raise as the module says."""
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame)
         try:
-            for spec in self.ranks:
-                self._start(spec)
+            self._start()
             return self._watch()
         finally:
             # A second Ctrl-C (people press it again when a stop takes a moment) waits until
@@ -92,26 +106,76 @@ class RankJob:
                 self._drain()  # what they said as they stopped (their `finally`'s words)
 
     # --- starting ---------------------------------------------------------------------------
-    def _start(self, spec: Rank) -> None:
-        process = subprocess.Popen(
-            list(spec.argv), env=dict(spec.environ), cwd=self.cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        self.processes[spec.rank] = process
-        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
-            reader = threading.Thread(target=self._read, args=(spec.rank, stream, name),
-                                      name=f"[rank {spec.rank}] {name}", daemon=True)
-            reader.start()
-            self._readers.append(reader)
+    def _start(self) -> None:
+        """torch elastic's `start_processes`, the notebook's signal handlers, environment and
+        stdin given back right after it."""
+        from torch.distributed.elastic.multiprocessing import (
+            DefaultLogsSpecs,
+            Std,
+            start_processes,
+        )
+        from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    def _read(self, rank: int, stream: IO[bytes], name: str) -> None:
+        program = self.ranks[0].argv[0]
+        if any(spec.argv[0] != program for spec in self.ranks):
+            raise ValueError("the ranks of one job run one program (torch elastic's entrypoint)")
+        envs = {spec.rank: dict(spec.environ) for spec in self.ranks}
+        logs = DefaultLogsSpecs(log_dir=str(Path(self.folder) / "logs"), redirects=Std.ALL,
+                                tee=Std.NONE)
+        with uninterrupted():  # a Ctrl-C meanwhile comes once SIGINT's handler is back
+            handlers = {signum: signal.getsignal(signum) for signum in _TAKEN} \
+                if threading.current_thread() is threading.main_thread() else {}
+            borrowed = Borrowed("the ranks' start: the plan's environment, stdin from /dev/null")
+            # torch builds each rank's environment on a copy of os.environ: the plan's own here
+            borrowed.set_attr(os, "environ", dict(envs[self.ranks[0].rank]),
+                              "os.environ (the ranks' environment, while they start)")
+            _stdin_from_devnull(borrowed)  # torch's Popen passes the notebook's stdin on
+            try:
+                self._context = start_processes(
+                    name="rank", entrypoint=program, envs=envs, logs_specs=logs,
+                    args={spec.rank: tuple(spec.argv[1:]) for spec in self.ranks})
+            except SignalException as e:  # in the moment torch held SIGINT: it closed them
+                if e.sigval == signal.SIGINT:
+                    raise KeyboardInterrupt from None
+                raise
+            finally:
+                # Given back first, by hand: Borrowed's restore holds Ctrl-C back by swapping
+                # SIGINT's handler, and would put torch's back after it
+                for signum, handler in handlers.items():
+                    if handler is not None:  # None: set outside Python, nothing to put back
+                        signal.signal(signum, handler)
+                borrowed.restore()
+        self.processes = {rank: handler.proc
+                          for rank, handler in self._context.subprocess_handlers.items()}
+        for spec in self.ranks:
+            for name, files in (("stdout", self._context.stdouts),
+                                ("stderr", self._context.stderrs)):
+                reader = threading.Thread(
+                    target=self._follow, args=(spec.rank, files[spec.rank], name),
+                    name=f"[rank {spec.rank}] {name}", daemon=True)
+                reader.start()
+                self._readers.append(reader)
+
+    def _follow(self, rank: int, path: str, name: str) -> None:
+        """A rank's log file as it grows (`tail -f`), cut into lines, until the rank ended and
+        all it wrote was read."""
         lines = Lines()
-        read = getattr(stream, "read1", stream.read)  # what has come, without waiting for more
-        while chunk := read(65536):
-            for line in lines.feed(chunk):
-                self._lines.put((rank, line, name))
+        process = self.processes[rank]
+        ended = False
+        with open(path, "rb", buffering=0) as f:  # what has come, without waiting for more
+            while True:
+                chunk = f.read(65536)
+                if chunk:
+                    for line in lines.feed(chunk):
+                        self._lines.put((rank, line, name))
+                elif ended:
+                    break
+                else:  # after its exit, what it wrote is all in the file: one more read
+                    ended = process.poll() is not None
+                    if not ended:
+                        time.sleep(_FOLLOW)
         for line in lines.feed(b"", final=True):
             self._lines.put((rank, line, name))
-        stream.close()
 
     # --- watching ---------------------------------------------------------------------------
     def _watch(self) -> dict[int, int]:
@@ -187,9 +251,8 @@ class RankJob:
                 return printed
 
     def _drain(self) -> None:
-        """The output the ranks wrote before they exited (their pipes close at exit), within
-        `_DRAIN` seconds shared by all (a grandchild that left the rank's session may hold a
-        pipe open)."""
+        """The output the ranks wrote before they exited (read to the end of their files
+        once they exited), within `_DRAIN` seconds shared by all."""
         deadline = time.monotonic() + _DRAIN
         for reader in self._readers:
             reader.join(timeout=max(deadline - time.monotonic(), 0.0))
@@ -201,9 +264,10 @@ class RankJob:
 
     # --- stopping ---------------------------------------------------------------------------
     def stop(self) -> None:
-        """torchrun's stop: SIGTERM to every running rank's process group, one bounded wait
-        shared by all, then SIGKILL; what each rank started gone with its session; each step
-        said. Idempotent (a second call finds nothing running and says nothing)."""
+        """torchrun's stop, torch elastic's `PContext.close()`: SIGTERM to every running rank's
+        process group, one bounded wait shared by all, then SIGKILL; what each rank started
+        gone with its session; each step said. Idempotent (a second call finds nothing running
+        and says nothing)."""
         running = {r: p for r, p in self.processes.items() if p.poll() is None}
         if running:
             try:  # read by a rank whose main thread is stuck in native code (lifeline.py)
@@ -212,23 +276,68 @@ class RankJob:
                 pass
             self.say(f"singlecard_nb: stopping {_ranks(running)}: SIGTERM, then SIGKILL for "
                      f"any still running in {self.grace:g} s.")
-            for process in running.values():
-                _signal_group(process.pid, signal.SIGTERM)
-            deadline = time.monotonic() + self.grace
-            for process in running.values():
-                _wait(process, deadline - time.monotonic())
-            left = {r: p for r, p in running.items() if p.poll() is None}
+        if self._context is not None and not self._closed:
+            self._closed = True
+            killed = _close(self._context, self.grace)
+            left = {r: p for r, p in running.items() if p.pid in killed}
             if left:
                 self.say(f"singlecard_nb: {_ranks(left)} still running after {self.grace:g} s:"
                          " SIGKILL.")
-                for process in left.values():
-                    _signal_group(process.pid, signal.SIGKILL)
         for rank, process in self.processes.items():
             if not _wait(process, _KILLED):
                 self.say(f"singlecard_nb: rank {rank} (pid {process.pid}) did not end "
                          f"{_KILLED:g} s after SIGKILL (stuck in the kernel?).")
             # The session may hold more (DataLoader workers): gone with the group's kill.
             _signal_group(process.pid, signal.SIGKILL)
+
+
+def _close(context: Any, grace: float) -> set[int]:
+    """`context.close()` (SIGTERM, `grace` seconds shared by all, SIGKILL); the pids it had to
+    SIGKILL. Its log lines are heard here, not printed: the caller says each step in its own."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    heard = _Heard()
+    started = time.monotonic()
+    quiet = Borrowed("the ranks' stop: torch elastic's words heard, said in ours")
+    quiet.on_restore(lambda: api.logger.removeHandler(heard), "torch elastic's log: heard")
+    api.logger.addHandler(heard)
+    quiet.set_attr(api.logger, "propagate", False, "torch elastic's log: not printed")
+    try:
+        context.close(death_sig=signal.SIGTERM, timeout=grace)
+    finally:
+        quiet.restore()
+    if time.monotonic() - started >= grace:  # its words unheard (another version's)
+        heard.killed |= {h.proc.pid for h in context.subprocess_handlers.values()
+                         if h.proc.returncode == -signal.SIGKILL}
+    for handler in context.subprocess_handlers.values():  # the log files it did not close
+        for file in (getattr(handler, "_stdout", None), getattr(handler, "_stderr", None)):
+            if file is not None:
+                file.close()
+    return heard.killed
+
+
+class _Heard(logging.Handler):
+    """torch elastic's stop, as it logs it: the processes it had to SIGKILL."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.killed: set[int] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Unable to shutdown process") and record.args:
+            self.killed.add(record.args[0])  # type: ignore[index]
+
+
+def _stdin_from_devnull(owner: Borrowed) -> None:
+    """fd 0 is /dev/null until `owner` is restored: the ranks read no notebook's terminal."""
+    try:
+        saved = os.dup(0)
+    except OSError:  # no stdin at all: none to pass on
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    owner.on_restore(lambda: (os.dup2(saved, 0), os.close(saved)), "stdin (fd 0)")
+    os.dup2(null, 0)
+    os.close(null)
 
 
 _KILLED = 5.0  # seconds a SIGKILLed process has to be reaped
