@@ -151,3 +151,16 @@ def test_ctrl_c_stops_ranks_with_dataloader_workers_without_a_traceback(tmp_path
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-n", "0"]))
+
+
+def test_a_notice_every_rank_says_is_shown_once_for_the_job(tmp_path):
+    ranks, lines = _run(tmp_path, (
+        "import torch\n"
+        "x = torch.ones(2).cuda()  # remapped to the CPU: a notice in every rank\n"
+        "print('done', x.device, flush=True)\n"))
+    notices = [(rank, line) for rank, line, _ in lines if "singlecard_nb: tensor.cuda()" in line]
+    assert len(notices) == 1, lines
+    # the source line Python prints under a warning goes with it; everything else stays
+    assert sum("x = torch.ones(2).cuda()" in line for _, line, _ in lines) == 1, lines
+    assert sorted(rank for rank, line, _ in lines if line == "done cpu") == [0, 1]
+    _nothing_left([ranks])

@@ -90,6 +90,7 @@ class RankJob:
         self._lines: queue.Queue[tuple[int, str, str]] = queue.Queue()
         self._readers: list[threading.Thread] = []
         self.said: dict[int, str] = {}  # what a rank printed of a collective mismatch
+        self._notices = _OncePerJob()
         self._statuses = rank_status.Statuses(folder, [spec.rank for spec in self.ranks])
 
     def run(self) -> dict[int, int]:
@@ -233,7 +234,8 @@ class RankJob:
     def _show(self, rank: int, line: str, stream: str) -> None:
         if rank not in self.said and any(w in line for w in doctor.MISMATCH_WORDS):
             self.said[rank] = line  # gloo's abort: read by the report
-        self.echo(rank, line, stream)
+        if self._notices.shown(rank, line, stream):
+            self.echo(rank, line, stream)
 
     def _echo_waiting(self) -> set[int]:
         """Echo the lines that came within POLL seconds; the ranks that wrote them."""
@@ -399,6 +401,33 @@ class Lines:
             out.append("\r")
             self._redrawing = False
         return out
+
+
+class _OncePerJob:
+    """Our notices said once for the job, not once per rank: the ranks run one script, so each
+    would say the same words at the same line (4 ranks, 4 copies of every notice). The first
+    rank's is shown; the same warning from another rank, with the source line Python prints
+    under it, is not."""
+
+    _WARNING = re.compile(r"^.*:\d+: \w+: (singlecard_nb: .*)$")
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+        self._hiding: set[tuple[int, str]] = set()  # (rank, stream) whose next source line goes
+
+    def shown(self, rank: int, line: str, stream: str) -> bool:
+        if (rank, stream) in self._hiding:
+            self._hiding.discard((rank, stream))
+            if line.startswith("  "):
+                return False
+        notice = self._WARNING.match(line)
+        if notice is None:
+            return True
+        if notice.group(1) in self._said:
+            self._hiding.add((rank, stream))
+            return False
+        self._said.add(notice.group(1))
+        return True
 
 
 def _print(rank: int, line: str, stream: str) -> None:
