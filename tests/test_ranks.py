@@ -584,6 +584,7 @@ def test_a_rank_failing_because_its_peer_died_is_reported_stopped_not_as_a_secon
     assert "  rank 2: stopped (waiting in all_reduce at train.py:17 when rank 1 died)" in lines
     assert "rank 1 never arrived at the all_reduce that ranks 0, 2 wait in at train.py:17." in lines
     assert "Connection closed by peer [127" not in message  # gloo's error is no second bug
+    assert "comes from rank 1 going away, not from a bug of its own" in message  # said why
 
 
 def test_a_rank_killed_without_a_word_is_the_first_failure_not_the_ranks_left_waiting():
@@ -683,6 +684,8 @@ def test_a_rank_with_its_own_error_outside_any_collective_is_not_stopped_by_the_
     assert "  rank 0: failed: KeyError: 'labels' at train.py:30 (its own, not from rank 1 " \
            "going away)" in message.splitlines(), message
     assert "rank 0: stopped" not in message
+    # nothing rank 0 printed came from rank 1 going away: the report does not say it did
+    assert "comes from rank 1 going away" not in message, message
 
 
 # --- the notebook's view of the ranks -----------------------------------------------------------

@@ -292,8 +292,7 @@ def stopped(rank: int, status: Status | None, code: int | None, failed: int,
     end = ending(status, code)
     if end is not None and end["kind"] == "exited" and end.get("status") == 0:
         return f"rank {rank}: had finished (exit status 0) when rank {failed} {verb}"
-    if end is not None and not (end["kind"] == "raised" and end["collective"]):
-        # its own error, outside any collective, or a death of its own: no consequence
+    if _ended_on_its_own(end):  # no consequence of rank `failed`
         return f"rank {rank}: {_how(end)} (its own, not from rank {failed} going away)"
     if status is None:
         return f"rank {rank}: stopped before its script started, when rank {failed} {verb}"
@@ -302,6 +301,12 @@ def stopped(rank: int, status: Status | None, code: int | None, failed: int,
         return (f"rank {rank}: stopped (waiting in {collective} at {where} when rank {failed} "
                 f"{verb})")
     return f"rank {rank}: stopped (at {where}, in no collective, when rank {failed} {verb})"
+
+
+def _ended_on_its_own(end: dict | None) -> bool:
+    """A rank's end that its peers did not cause: finished, or its own error outside any
+    collective, or a death of its own."""
+    return end is not None and not (end["kind"] == "raised" and end["collective"])
 
 
 def failure_report(failed: int, statuses: Mapping[int, Status | None],
@@ -330,7 +335,9 @@ def failure_report(failed: int, statuses: Mapping[int, Status | None],
               for r in sorted(statuses) if r != failed]
     found = mismatch(statuses, codes, said or {})
     lines += [found] if found else never_arrived(statuses, codes, stopped=True, first=failed)
-    lines.append(f"An error a stopped rank printed after that (gloo's \"Connection closed by "
-                 f"peer\" and the like) comes from rank {failed} going away, not from a bug of "
-                 f"its own; see {DOCS}.")
+    if not all(_ended_on_its_own(ending(statuses.get(r), codes.get(r)))
+               for r in statuses if r != failed):  # a rank it stopped may say so after
+        lines.append(f"An error a stopped rank printed after that (gloo's \"Connection closed "
+                     f"by peer\" and the like) comes from rank {failed} going away, not from a "
+                     f"bug of its own; see {DOCS}.")
     return "\n".join(lines)
