@@ -30,16 +30,20 @@ def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
         return None  # a handful of samples per channel: their spread says nothing yet
     # Of a detached tensor: no graph, so no no_grad block (a Ctrl-C landing in no_grad's
     # __exit__ would leave grad mode off in the user's thread)
-    x = t.detach().transpose(0, 1).reshape(channels, -1).float()
-    std, mean = torch.std_mean(x, dim=1, correction=0)
-    return torch.stack([mean, std, x.abs().amax(dim=1)], dim=1)
+    # reduced in place over the other dims: no transposed copy (a third of the time of an
+    # image batch's); the inf-norm is the largest |x|, exactly as abs().amax() (NaN stays NaN)
+    x = t.detach().float()
+    dims = 0 if x.dim() == 2 else (0, 2, 3)
+    std, mean = torch.std_mean(x, dim=dims, correction=0)
+    return torch.stack([mean, std, torch.linalg.vector_norm(x, math.inf, dims)], dim=1)
 
 
 def channels_to_host(pending: dict[str, tuple[Any, torch.Tensor]]) -> dict[str, dict]:
     """index -> {"shape", "values": [[mean, std, absmax], ...]}: named, for the record."""
     out = {}
     for index, (shape, values) in pending.items():
-        out[index] = {"shape": shape, "values": values.cpu().tolist()}
+        out[index] = {"shape": shape, "values": values.tolist() if values.is_cpu
+                      else values.cpu().tolist()}
     return out
 
 

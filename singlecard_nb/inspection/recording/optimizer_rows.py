@@ -61,19 +61,21 @@ class OptimizerRows:
                 for name, buffer in module.named_buffers(recurse=False):
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
-        record = recorder.record_safely  # each row's failure said, never raised
         updates = self.snapshots.updates([param for param, *_ in mine])
+        rows = []  # recorded together, each row's failure said, never raised
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)
             calls[key] = call + 1
             training = module.training
-            record(target, call, "param", name, param.detach(), training)
-            if param.grad is not None:
-                record(target, call, "step_grad", name, param.grad, training)
+            rows.append((target, call, "param", name, param.detach(), training))
+            grad = param.grad
+            if grad is not None:
+                rows.append((target, call, "step_grad", name, grad, training))
             update = updates.get(id(param))
             if update is not None:
-                record(target, call, "update", name, update, training)
+                rows.append((target, call, "update", name, update, training))
+        recorder.record_rows(rows)
         self.snapshots.clear()
 
     def _carried(self, mine: list) -> set[int]:

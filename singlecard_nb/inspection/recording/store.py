@@ -3,7 +3,6 @@ histograms, the listeners told when a step arrives, and the DataFrame they make.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from collections import deque
@@ -15,6 +14,7 @@ import torch
 
 from ...job import rank
 from ..diagnostics import Diagnostics
+from ..kernel.stats import finish_rows
 from ..kernel.values import VALUES
 
 # `training` is the module's .training flag at the call (train vs eval); it comes last so that
@@ -26,21 +26,42 @@ COLUMNS = (
 META = (*COLUMNS[:9], "training")  # the row tuple of one tensor, without statistics and rank
 DEFAULT_MAX_ROWS = 100_000
 MEMORY_COLUMNS = ("mem_out", "mem_saved", "mem_peak")  # memory=True (see memory.py)
+# Steps wait to be finished together up to this many rows (the RAW rows, as many bytes as
+# their VALUES); then a new batch begins, so a first read never finishes more at once.
+_FINISH_ROWS = 1 << 16
 HIST_STEPS = 50  # histograms kept per module for insp.hist() over steps (bounded memory)
 
 
-@dataclasses.dataclass
 class StepRecord:
-    """One step's rows on the host: metadata tuples and a [rows, 8] array of VALUES."""
+    """One step's rows on the host: metadata tuples and a [rows, 8] array of VALUES.
 
-    meta: list[tuple]
-    values: np.ndarray
-    rank: int
-    memory: np.ndarray | None = None  # memory=True: [rows, 3] of MEMORY_COLUMNS
-    # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
-    # "optimizer": [{"optimizer", "group", "lr", "weight_decay", "params"}]} (extras.py)
-    extras: dict | None = None
-    _first_rows: dict[tuple, dict[str, int]] = dataclasses.field(default_factory=dict)
+    A recorded step arrives with its RAW rows (`StepStats.raw_rows`), which become VALUES when
+    first read: every step received since then at once (`_Unfinished`), so a run that nobody
+    reads while it trains pays one `finish` per read, not one per step."""
+
+    __slots__ = ("meta", "_values", "_unfinished", "rank", "memory", "extras", "_first_rows")
+
+    def __init__(self, meta: list[tuple], values: np.ndarray | None, rank: int,
+                 memory: np.ndarray | None = None, extras: dict | None = None):
+        self.meta = meta
+        self._values = values
+        self._unfinished: _Unfinished | None = None  # while `values` waits to be finished
+        self.rank = rank
+        self.memory = memory  # memory=True: [rows, 3] of MEMORY_COLUMNS
+        # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
+        # "optimizer": [{"optimizer", "group", "lr", "weight_decay", "params"}]} (extras.py)
+        self.extras = extras
+        self._first_rows: dict[tuple, dict[str, int]] = {}
+
+    @property
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            self._unfinished.finish()
+        return self._values
+
+    @values.setter
+    def values(self, values: np.ndarray) -> None:
+        self._values, self._unfinished = values, None
 
     def first_rows(self, io: str, training: bool | None = None) -> dict[str, int]:
         """Module path -> row of its first `io` tensor in its earliest call (cached); with
@@ -56,6 +77,47 @@ class StepRecord:
                 if path not in first or call < earliest[path]:
                     first[path], earliest[path] = i, call
         return first
+
+
+class _Unfinished:
+    """Steps received whose RAW rows are not yet VALUES: `finish` turns all of them at once
+    (one `finish` of their rows together: row by row, so the same values to the bit)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # a reader may finish while the recorder adds a step
+        self.parts: list[tuple[StepRecord, np.ndarray, np.ndarray, list]] = []
+        self.rows = 0
+        self.done = False
+
+    def add(self, record: StepRecord, raw: np.ndarray, numel: np.ndarray, exact: list) -> bool:
+        """Take `record`'s rows to finish later; False once finished (a new batch takes it)."""
+        with self.lock:
+            if self.done:
+                return False
+            record._unfinished = self
+            self.parts.append((record, raw, numel, exact))
+            self.rows += len(raw)
+            return True
+
+    def finish(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+            parts, self.parts = self.parts, []
+        if len(parts) == 1:
+            record, raw, numel, exact = parts[0]
+            record._values = finish_rows(raw, numel, exact)
+        else:
+            offsets = np.cumsum([0] + [len(raw) for _, raw, _, _ in parts])
+            exact = [(row + start, taken)
+                     for (_, _, _, rows), start in zip(parts, offsets) for row, taken in rows]
+            values = finish_rows(np.concatenate([raw for _, raw, _, _ in parts]),
+                                 np.concatenate([numel for _, _, numel, _ in parts]), exact)
+            for (record, _, _, _), start, end in zip(parts, offsets, offsets[1:]):
+                record._values = values[start:end]
+        for record, *_ in parts:
+            record._unfinished = None
 
 
 class Store:
@@ -76,14 +138,23 @@ class Store:
         self._diagnostics = diagnostics
         self._subject = subject  # what listeners are called with: the Inspector
         self.last_step = -1
+        self._unfinished = _Unfinished()  # steps whose VALUES are not yet taken (StepRecord)
 
-    def receive(self, rows: list[tuple], values: np.ndarray,
+    def receive(self, rows: list[tuple], values: np.ndarray | tuple,
                 hists: dict[str, tuple[torch.Tensor, torch.Tensor]],
                 memory: np.ndarray | None = None, extras: dict | None = None) -> None:
-        """Keep one (part of a) step: its rows, their VALUES, histograms, memory columns and
-        what the ranking reads beside them (extras)."""
+        """Keep one (part of a) step: its rows, their VALUES (or the (raw, numel, exact) of
+        `StepStats.raw_rows`, finished when read), histograms, memory columns and what the
+        ranking reads beside them (extras)."""
         with self._lock:
-            record = StepRecord(rows, values, rank(), memory, extras)
+            if isinstance(values, tuple):
+                record = StepRecord(rows, None, rank(), memory, extras)
+                if self._unfinished.rows >= _FINISH_ROWS or not self._unfinished.add(
+                        record, *values):
+                    self._unfinished = _Unfinished()
+                    self._unfinished.add(record, *values)
+            else:
+                record = StepRecord(rows, values, rank(), memory, extras)
             for path, (counts, lo_hi) in hists.items():
                 try:
                     lo, hi = lo_hi.tolist()
