@@ -58,7 +58,7 @@ _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _ROW_BYTES = 8 * 8  # len(RAW) float64
 
 
-def finish_rows(raw: np.ndarray, numel: np.ndarray, exact: list) -> np.ndarray:
+def finish_rows(raw: np.ndarray, numel: np.ndarray, exact: Sequence) -> np.ndarray:
     """`finish`, with the rows taken exactly ([(row, VALUES)], `StepStats.raw_rows`) put in."""
     values = finish(raw, numel)
     for row, taken in exact:
@@ -196,7 +196,7 @@ class StepStats:
         raw, numel, exact = self.raw_rows(row_slots)
         return finish_rows(raw, numel, exact)
 
-    def raw_rows(self, row_slots: Sequence[int | None]) -> tuple[np.ndarray, np.ndarray, list]:
+    def raw_rows(self, row_slots: Sequence[int | None]) -> tuple[np.ndarray, np.ndarray, tuple]:
         """What `table` finishes, after one collection: the RAW row of each row ([rows, 8], NaN
         where none), its element count ([rows]) and the rare rows taken exactly, [(row, VALUES)].
         `finish_rows` of them is `table`: the store finishes many steps' rows at once, when
@@ -219,8 +219,8 @@ class StepStats:
             for slots, table in self._tables:
                 raw[slots] = table
             raw = raw[index]
-        exact = [(row, self._exact[s]) for row, s in enumerate(index) if s in self._exact] \
-            if self._exact else []  # the rare rows taken exactly (_check_range)
+        exact = tuple((row, self._exact[s]) for row, s in enumerate(index) if s in self._exact
+                      ) if self._exact else ()  # the rare rows taken exactly (_check_range)
         return raw, numel, exact
 
     def collect(self) -> None:

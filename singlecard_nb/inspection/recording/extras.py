@@ -39,11 +39,13 @@ def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def channels_to_host(pending: dict[str, tuple[Any, torch.Tensor]]) -> dict[str, dict]:
-    """index -> {"shape", "values": [[mean, std, absmax], ...]}: named, for the record."""
+    """index -> {"shape", "values": ((mean, std, absmax), ...)}: named, for the record."""
     out = {}
     for index, (shape, values) in pending.items():
-        out[index] = {"shape": shape, "values": values.tolist() if values.is_cpu
-                      else values.cpu().tolist()}
+        rows = values.tolist() if values.is_cpu else values.cpu().tolist()
+        # tuples, not lists: the garbage collector stops tracking a tuple of floats, while
+        # every list a step keeps would stay tracked and make its full collections come sooner
+        out[index] = {"shape": shape, "values": tuple(map(tuple, rows))}
     return out
 
 
@@ -85,10 +87,12 @@ class ParamTargets:
 def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False,
                  carried: set[int] = frozenset()) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
-    "group", "lr", "weight_decay", "params": ["head.weight", ...], "frozen": those of them
+    "group", "lr", "weight_decay", "params": ("head.weight", ...), "frozen": those of them
     with requires_grad False, "eval": how many belong to a module in eval mode, "scaled":
     the step ran inside GradScaler.step, "carried": how many hold last step's gradient, not
-    zeroed (`carried`: their ids)}. Host attributes only: nothing is read off a device."""
+    zeroed (`carried`: their ids)}. Host attributes only: nothing is read off a device.
+    Tuples, not lists: a step keeps them, and the garbage collector stops tracking tuples of
+    strings (every kept list would bring its full collections sooner, see channels_to_host)."""
     groups = []
     for i, group in enumerate(optimizer.param_groups):
         names, frozen, in_eval, kept = [], [], 0, 0
@@ -105,7 +109,7 @@ def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = Fal
             groups.append({"optimizer": type(optimizer).__name__, "group": i,
                            "lr": _number(group.get("lr")),
                            "weight_decay": _number(group.get("weight_decay", 0.0)),
-                           "params": names, "frozen": frozen, "eval": in_eval,
+                           "params": tuple(names), "frozen": tuple(frozen), "eval": in_eval,
                            "scaled": scaled, "carried": kept})
     return groups
 

@@ -61,12 +61,12 @@ class Pending:
         except Exception as e:
             failed(e, f"input channels of step {step}")
         if self.optimizer:
-            extras["optimizer"] = [g for groups in self.optimizer.values() for g in groups]
+            extras["optimizer"] = tuple(g for groups in self.optimizer.values() for g in groups)
         try:
             if self.losses:  # one transfer for the step's losses
                 values = _to_host([v.float() for v in self.losses])
-                extras["loss"] = {"values": values, "ops": self.loss_ops,
-                                  "shared": self.loss_shared}
+                extras["loss"] = {"values": tuple(values), "ops": tuple(self.loss_ops),
+                                  "shared": self.loss_shared}  # tuples: see channels_to_host
         except Exception as e:
             failed(e, f"the loss of step {step}")
         return extras

@@ -85,11 +85,11 @@ class _Unfinished:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # a reader may finish while the recorder adds a step
-        self.parts: list[tuple[StepRecord, np.ndarray, np.ndarray, list]] = []
+        self.parts: list[tuple[StepRecord, np.ndarray, np.ndarray, tuple]] = []
         self.rows = 0
         self.done = False
 
-    def add(self, record: StepRecord, raw: np.ndarray, numel: np.ndarray, exact: list) -> bool:
+    def add(self, record: StepRecord, raw: np.ndarray, numel: np.ndarray, exact: tuple) -> bool:
         """Take `record`'s rows to finish later; False once finished (a new batch takes it)."""
         with self.lock:
             if self.done:
