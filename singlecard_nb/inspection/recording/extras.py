@@ -85,19 +85,21 @@ class ParamTargets:
 
 
 def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False,
-                 carried: set[int] = frozenset()) -> list[dict]:
+                 carried: set[int] = frozenset(), known: Any = None) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
     "group", "lr", "weight_decay", "params": ("head.weight", ...), "frozen": those of them
     with requires_grad False, "eval": how many belong to a module in eval mode, "scaled":
     the step ran inside GradScaler.step, "carried": how many hold last step's gradient, not
     zeroed (`carried`: their ids)}. Host attributes only: nothing is read off a device.
+    known: `param_targets.get`, or what the caller found with it this step (a dict look-up).
     Tuples, not lists: a step keeps them, and the garbage collector stops tracking tuples of
     strings (every kept list would bring its full collections sooner, see channels_to_host)."""
     groups = []
+    get = param_targets.get if known is None else known
     for i, group in enumerate(optimizer.param_groups):
         names, frozen, in_eval, kept = [], [], 0, 0
         for p in group["params"]:
-            found = param_targets.get(p)
+            found = get(p)
             if found is not None:
                 target, name, module = found
                 names.append(f"{target.path}.{name}" if target.path else name)
@@ -137,19 +139,20 @@ class Snapshots:
         self._say = say
         self._before: dict[int, torch.Tensor] = {}
 
-    def take(self, optimizer: Any, param_targets: ParamTargets) -> None:
+    def take(self, params: list[torch.Tensor]) -> None:
+        """Copies of `params` (the model's, of the optimiser about to step), within budget."""
         used, skipped = 0, 0
-        self._before.clear()
-        for group in optimizer.param_groups:  # detached copies: no no_grad (channel_stats)
-            for p in group["params"]:
-                if id(p) in self._before or p not in param_targets:
-                    continue
-                size = p.numel() * p.element_size()
-                if used + size > self.budget:
-                    skipped += 1
-                    continue
-                used += size
-                self._before[id(p)] = p.detach().clone()
+        before = self._before
+        before.clear()
+        for p in params:  # detached copies: no no_grad (channel_stats)
+            if id(p) in before:
+                continue
+            size = p.numel() * p.element_size()
+            if used + size > self.budget:
+                skipped += 1
+                continue
+            used += size
+            before[id(p)] = p.detach().clone()
         if skipped:
             self._say("update-budget", f"the update ratio |Δw|/|w| of {skipped} parameters is "
                       f"not recorded: copying them before each optimiser step would take more "

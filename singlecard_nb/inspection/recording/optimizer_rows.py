@@ -27,14 +27,19 @@ class OptimizerRows:
         # unscale_): the same tensor exactly that many versions on at the next step took
         # one more backward pass and no zeroing (zero_() is one write more)
         self._grads: dict[int, tuple] = {}
+        # id(optimizer) -> (the optimizer, weakly; its parameters of this model): found by
+        # before_step, used by after_step of the same step (one look-up per parameter, not four)
+        self._stepping: dict[int, tuple] = {}
 
     def before_step(self, optimizer, param_targets: ParamTargets) -> None:
         """Copies of the parameters `optimizer` is about to update (for Δw; bounded).
 
         Every inspector hears every optimiser of the process (one hook for all): another
         model's, stepping in another thread meanwhile, must leave this one's copies alone."""
-        if any(p in param_targets for group in optimizer.param_groups for p in group["params"]):
-            self._recorder.guarded(self.snapshots.take, optimizer, param_targets)
+        mine = _mine(optimizer, param_targets)
+        if mine:
+            self._stepping[id(optimizer)] = (weakref.ref(optimizer), mine)  # for after_step
+            self._recorder.guarded(self.snapshots.take, [p for p, *_ in mine])
 
     def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
@@ -43,15 +48,19 @@ class OptimizerRows:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         recorder = self._recorder
         calls = recorder.calls  # cleared, never replaced, at each step
-        found = ((p, param_targets.get(p)) for group in optimizer.param_groups
-                 for p in group["params"])
-        mine = [(p, *targeted) for p, targeted in found if targeted is not None]
+        stepping = self._stepping.pop(id(optimizer), None)
+        if stepping is not None and stepping[0]() is optimizer:
+            mine = stepping[1]  # before_step's, of this very step
+        else:  # no pre-hook ran (the inspector began during this step)
+            mine = _mine(optimizer, param_targets)
         if not mine:
             return  # another model's optimiser: this model's copies (Δw) stay for its own step
         recorder.optimizer_steps += 1
         carried = self._carried(mine)
-        recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
-                                                          under_grad_scaler(), carried))
+        found = {id(p): targeted for p, *targeted in mine}
+        recorder.add_param_groups(optimizer, param_groups(
+            optimizer, param_targets, under_grad_scaler(), carried,
+            lambda p: found.get(id(p))))
         if "buffers" not in calls:  # once per step (calls is cleared at each)
             calls["buffers"] = 1
             for target, module_ref in buffer_modules:
@@ -96,3 +105,10 @@ class OptimizerRows:
                 writes = grad._version + 1
             self._grads[id(param)] = (weakref.ref(grad), grad._version, writes)
         return carried
+
+
+def _mine(optimizer, param_targets: ParamTargets) -> list[tuple]:
+    """(param, target, name, module) of each parameter of `optimizer` that is this model's."""
+    get = param_targets.get
+    found = ((p, get(p)) for group in optimizer.param_groups for p in group["params"])
+    return [(p, *targeted) for p, targeted in found if targeted is not None]
