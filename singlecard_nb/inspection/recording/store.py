@@ -55,9 +55,13 @@ class StepRecord:
 
     @property
     def values(self) -> np.ndarray:
-        if self._values is None:
-            self._unfinished.finish()
-        return self._values
+        values = self._values
+        if values is None:
+            batch = self._unfinished  # None once another thread has finished it
+            if batch is not None:
+                batch.finish()
+            values = self._values
+        return values
 
     @values.setter
     def values(self, values: np.ndarray) -> None:
@@ -100,11 +104,19 @@ class _Unfinished:
             return True
 
     def finish(self) -> None:
-        with self.lock:
+        with self.lock:  # held throughout: a second reader waits for the values, then has them
             if self.done:
                 return
-            self.done = True
-            parts, self.parts = self.parts, []
+            try:
+                self._finish(self.parts)
+            except BaseException:  # e.g. Ctrl-C: the rows stay, for the next read to finish
+                for record, *_ in self.parts:
+                    record._values = None
+                raise
+            self.parts, self.done = [], True
+
+    @staticmethod
+    def _finish(parts: list[tuple[StepRecord, np.ndarray, np.ndarray, tuple]]) -> None:
         if len(parts) == 1:
             record, raw, numel, exact = parts[0]
             record._values = finish_rows(raw, numel, exact)
