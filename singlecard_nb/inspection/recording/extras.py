@@ -85,17 +85,16 @@ class ParamTargets:
 
 
 def param_groups(optimizer: Any, param_targets: ParamTargets, scaled: bool = False,
-                 carried: set[int] = frozenset(), known: Any = None) -> list[dict]:
+                 carried: set[int] = frozenset()) -> list[dict]:
     """The groups of `optimizer` that hold this model's parameters, by name: {"optimizer",
     "group", "lr", "weight_decay", "params": ("head.weight", ...), "frozen": those of them
     with requires_grad False, "eval": how many belong to a module in eval mode, "scaled":
     the step ran inside GradScaler.step, "carried": how many hold last step's gradient, not
     zeroed (`carried`: their ids)}. Host attributes only: nothing is read off a device.
-    known: `param_targets.get`, or what the caller found with it this step (a dict look-up).
     Tuples, not lists: a step keeps them, and the garbage collector stops tracking tuples of
     strings (every kept list would bring its full collections sooner, see channels_to_host)."""
     groups = []
-    get = param_targets.get if known is None else known
+    get = param_targets.get
     for i, group in enumerate(optimizer.param_groups):
         names, frozen, in_eval, kept = [], [], 0, 0
         for p in group["params"]:

@@ -39,7 +39,7 @@ class OptimizerRows:
         mine = _mine(optimizer, param_targets)
         if mine:
             self._stepping[id(optimizer)] = (weakref.ref(optimizer), mine)  # for after_step
-            self._recorder.guarded(self.snapshots.take, [p for p, *_ in mine])
+            self._recorder.guarded(self.snapshots.take, [entry[0] for entry in mine])
 
     def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
@@ -57,10 +57,8 @@ class OptimizerRows:
             return  # another model's optimiser: this model's copies (Δw) stay for its own step
         recorder.optimizer_steps += 1
         carried = self._carried(mine)
-        found = {id(p): targeted for p, *targeted in mine}
-        recorder.add_param_groups(optimizer, param_groups(
-            optimizer, param_targets, under_grad_scaler(), carried,
-            lambda p: found.get(id(p))))
+        recorder.add_param_groups(optimizer, param_groups(optimizer, param_targets,
+                                                          under_grad_scaler(), carried))
         if "buffers" not in calls:  # once per step (calls is cleared at each)
             calls["buffers"] = 1
             for target, module_ref in buffer_modules:
@@ -70,28 +68,28 @@ class OptimizerRows:
                 for name, buffer in module.named_buffers(recurse=False):
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
-        updates = self.snapshots.updates([param for param, *_ in mine])
-        rows = []  # recorded together, each row's failure said, never raised
+        record = recorder.record_row  # each row's failure said, never raised
+        updates = self.snapshots.updates([entry[0] for entry in mine])
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)
             calls[key] = call + 1
             training = module.training
-            rows.append((target, call, "param", name, param.detach(), training))
+            record(target, call, "param", name, param.detach(), training)
             grad = param.grad
             if grad is not None:
-                rows.append((target, call, "step_grad", name, grad, training))
+                record(target, call, "step_grad", name, grad, training)
             update = updates.get(id(param))
             if update is not None:
-                rows.append((target, call, "update", name, update, training))
-        recorder.record_rows(rows)
+                record(target, call, "update", name, update, training)
         self.snapshots.clear()
 
     def _carried(self, mine: list) -> set[int]:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:
         nothing zeroed it (the version check costs no device read)."""
         carried = set()
-        for param, *_ in mine:
+        for entry in mine:  # (a starred target would make a list per parameter)
+            param = entry[0]
             grad = param.grad
             if grad is None:
                 self._grads.pop(id(param), None)

@@ -393,44 +393,36 @@ class Recorder:
         except Exception as e:
             self._failed(e, target.path)
 
-    def record_rows(self, items: list[tuple]) -> None:
-        """`record_safely` of each (target, call, io, index, tensor, training), in order: an
-        optimiser step's rows, three per parameter. The common tensor (`_record_dense`'s) is
-        recorded inline, with the bound methods and the pending step read once for all."""
+    def record_row(self, target: Target, call: int, io: str, index: str, t: torch.Tensor,
+                   training: bool) -> None:
+        """`record_safely` for the rows an optimiser step makes, three per parameter (never an
+        output: no gradient hook): the common tensor (`_record_dense`'s) in this one frame,
+        any other by the general path."""
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        if not self._dense_path:
-            for item in items:
-                self.record_safely(*item)
-            return
-        kernels, lock, step = self._kernels, self._lock, self.step
-        for item in items:
-            target, call, io, index, t, training = item
-            try:
-                if type(t) is not torch.Tensor:  # a subclass: the general path reads its data
-                    self.record_safely(*item)
-                    continue
-                dtype = t.dtype
-                kernel = kernels.get(dtype)
-                n = t.numel()
-                if (kernel is None or dtype is _FLOAT64
-                        or not t.is_cpu or target.hist or not 0 < n <= DEDUPE_NUMEL
-                        or t.layout is not _STRIDED or t.is_nested or not t.is_contiguous()
-                        or t.is_neg() or not t.data_ptr()):
-                    self.record_safely(*item)  # as _record_dense refuses it: the general path
-                    continue
-                with lock:  # _record_dense's body, for these rows (never an output: no hook)
-                    pending = self.pending
-                    slot = pending.stats.add_dense(t, n, kernel)
-                    pending.rows.append((step, target.path, target.type_name, call, io, index,
-                                         tuple(t.shape), _DTYPE_NAMES[dtype], "cpu", training))
-                    pending.slots.append(slot)
-                    full = len(pending.rows) >= pending.max_rows
-                if full:  # steps="manual" without step(): pending rows stay bounded too
-                    self.flush()
-            except NonFiniteError:
-                raise
-            except Exception as e:
-                self._failed(e, target.path)
+        try:
+            kernel = self._kernels.get(t.dtype) if self._dense_path else None
+            if (kernel is None or type(t) is not torch.Tensor or t.dtype is _FLOAT64
+                    or not t.is_cpu or target.hist):
+                self.record_safely(target, call, io, index, t, training)
+                return
+            n = t.numel()
+            if (not 0 < n <= DEDUPE_NUMEL or t.layout is not _STRIDED or t.is_nested
+                    or not t.is_contiguous() or t.is_neg() or not t.data_ptr()):
+                self.record_safely(target, call, io, index, t, training)  # as _record_dense
+                return
+            with self._lock:  # _record_dense's body
+                pending = self.pending
+                slot = pending.stats.add_dense(t, n, kernel)
+                pending.rows.append((self.step, target.path, target.type_name, call, io, index,
+                                     tuple(t.shape), _DTYPE_NAMES[t.dtype], "cpu", training))
+                pending.slots.append(slot)
+                full = len(pending.rows) >= pending.max_rows
+            if full:  # steps="manual" without step(): pending rows stay bounded too
+                self.flush()
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._failed(e, target.path)
 
     # --- gradients --------------------------------------------------------------------------
     def hook_grad(self, t: torch.Tensor, target: Target, call: int, index: str,
