@@ -39,13 +39,16 @@ class StepRecord:
     first read: every step received since then at once (`_Unfinished`), so a run that nobody
     reads while it trains pays one `finish` per read, not one per step."""
 
-    __slots__ = ("meta", "_values", "_unfinished", "rank", "memory", "extras", "_first_rows")
+    __slots__ = ("meta", "_values", "_unfinished", "_span", "rank", "memory", "extras",
+                 "_first_rows", "__weakref__")
 
     def __init__(self, meta: list[tuple], values: np.ndarray | None, rank: int,
                  memory: np.ndarray | None = None, extras: dict | None = None):
         self.meta = meta
         self._values = values
-        self._unfinished: _Unfinished | None = None  # while `values` waits to be finished
+        # while `values` waits to be finished: its batch and its rows there (start, end)
+        self._unfinished: _Unfinished | None = None
+        self._span = (0, 0)
         self.rank = rank
         self.memory = memory  # memory=True: [rows, 3] of MEMORY_COLUMNS
         # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
@@ -57,15 +60,13 @@ class StepRecord:
     def values(self) -> np.ndarray:
         values = self._values
         if values is None:
-            batch = self._unfinished  # None once another thread has finished it
-            if batch is not None:
-                batch.finish()
-            values = self._values
+            batch = self._unfinished
+            if batch is None:  # another thread has just finished it
+                return self._values
+            start, end = self._span
+            values = self._values = batch.finish()[start:end]  # the same slice in any thread
+            self._unfinished = None
         return values
-
-    @values.setter
-    def values(self, values: np.ndarray) -> None:
-        self._values, self._unfinished = values, None
 
     def first_rows(self, io: str, training: bool | None = None) -> dict[str, int]:
         """Module path -> row of its first `io` tensor in its earliest call (cached); with
@@ -84,52 +85,41 @@ class StepRecord:
 
 
 class _Unfinished:
-    """Steps received whose RAW rows are not yet VALUES: `finish` turns all of them at once
-    (one `finish` of their rows together: row by row, so the same values to the bit)."""
+    """RAW rows of steps received, not yet VALUES: `finish` turns all of them at once (one
+    `finish` of their rows together: row by row, so the same values to the bit). Records point
+    here, never the other way: a record the ring buffer lets go is freed at once, and the batch
+    with the last of its records."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # a reader may finish while the recorder adds a step
-        self.parts: list[tuple[StepRecord, np.ndarray, np.ndarray, tuple]] = []
+        self._raw: list[np.ndarray] = []
+        self._numel: list[np.ndarray] = []
+        self._exact: list[tuple[int, tuple]] = []  # (row in the batch, VALUES)
         self.rows = 0
-        self.done = False
+        self._values: np.ndarray | None = None
 
-    def add(self, record: StepRecord, raw: np.ndarray, numel: np.ndarray, exact: tuple) -> bool:
-        """Take `record`'s rows to finish later; False once finished (a new batch takes it)."""
+    def add(self, raw: np.ndarray, numel: np.ndarray, exact: tuple) -> tuple[int, int] | None:
+        """The rows (start, end) of a step's RAW rows taken to finish later; None once this
+        batch is finished (a new batch takes them)."""
         with self.lock:
-            if self.done:
-                return False
-            record._unfinished = self
-            self.parts.append((record, raw, numel, exact))
-            self.rows += len(raw)
-            return True
+            if self._values is not None:
+                return None
+            start = self.rows
+            self._raw.append(raw)
+            self._numel.append(numel)
+            self._exact += [(start + row, taken) for row, taken in exact]
+            self.rows = start + len(raw)
+            return start, self.rows
 
-    def finish(self) -> None:
-        with self.lock:  # held throughout: a second reader waits for the values, then has them
-            if self.done:
-                return
-            try:
-                self._finish(self.parts)
-            except BaseException:  # e.g. Ctrl-C: the rows stay, for the next read to finish
-                for record, *_ in self.parts:
-                    record._values = None
-                raise
-            self.parts, self.done = [], True
-
-    @staticmethod
-    def _finish(parts: list[tuple[StepRecord, np.ndarray, np.ndarray, tuple]]) -> None:
-        if len(parts) == 1:
-            record, raw, numel, exact = parts[0]
-            record._values = finish_rows(raw, numel, exact)
-        else:
-            offsets = np.cumsum([0] + [len(raw) for _, raw, _, _ in parts])
-            exact = [(row + start, taken)
-                     for (_, _, _, rows), start in zip(parts, offsets) for row, taken in rows]
-            values = finish_rows(np.concatenate([raw for _, raw, _, _ in parts]),
-                                 np.concatenate([numel for _, _, numel, _ in parts]), exact)
-            for (record, _, _, _), start, end in zip(parts, offsets, offsets[1:]):
-                record._values = values[start:end]
-        for record, *_ in parts:
-            record._unfinished = None
+    def finish(self) -> np.ndarray:
+        """VALUES of every row taken, computed once (a second reader waits, then has them)."""
+        with self.lock:
+            if self._values is None:
+                raw = self._raw[0] if len(self._raw) == 1 else np.concatenate(self._raw)
+                numel = self._numel[0] if len(self._numel) == 1 else np.concatenate(self._numel)
+                self._values = finish_rows(raw, numel, self._exact)
+                self._raw, self._numel, self._exact = [], [], []  # let the RAW rows go
+            return self._values
 
 
 class Store:
@@ -161,10 +151,12 @@ class Store:
         with self._lock:
             if isinstance(values, tuple):
                 record = StepRecord(rows, None, rank(), memory, extras)
-                if self._unfinished.rows >= _FINISH_ROWS or not self._unfinished.add(
-                        record, *values):
+                span = (self._unfinished.add(*values) if self._unfinished.rows < _FINISH_ROWS
+                        else None)
+                if span is None:  # that batch was finished (read), or is full: a new one
                     self._unfinished = _Unfinished()
-                    self._unfinished.add(record, *values)
+                    span = self._unfinished.add(*values)
+                record._unfinished, record._span = self._unfinished, span
             else:
                 record = StepRecord(rows, values, rank(), memory, extras)
             for path, (counts, lo_hi) in hists.items():
