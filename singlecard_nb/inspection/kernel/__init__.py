@@ -8,6 +8,6 @@ The room's face: other rooms import these names from here, never its files.
 
 from .readable import plain, reducible
 from .reductions import VALUES
-from .stats import StepStats
+from .stats import StepStats, finish_rows
 
-__all__ = ["VALUES", "StepStats", "plain", "reducible"]
+__all__ = ["VALUES", "StepStats", "finish_rows", "plain", "reducible"]

@@ -66,6 +66,14 @@ _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _ROW_BYTES = 8 * 8  # len(RAW) float64
 
 
+def finish_rows(raw: np.ndarray, numel: np.ndarray, exact: Sequence) -> np.ndarray:
+    """`finish`, with the rows taken exactly ([(row, VALUES)], `StepStats.raw_rows`) put in."""
+    values = finish(raw, numel)
+    for row, taken in exact:
+        values[row] = taken
+    return values
+
+
 class StepStats:
     """Statistics of the tensors seen in one step: `add` gives a slot, `table` the VALUES.
 
@@ -193,24 +201,35 @@ class StepStats:
 
     def table(self, row_slots: Sequence[int | None]) -> np.ndarray:
         """VALUES for each row ([rows, 8] float64, NaN where none), after one collection."""
+        raw, numel, exact = self.raw_rows(row_slots)
+        return finish_rows(raw, numel, exact)
+
+    def raw_rows(self, row_slots: Sequence[int | None]) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """What `table` finishes, after one collection: the RAW row of each row ([rows, 8], NaN
+        where none), its element count ([rows]) and the rare rows taken exactly, [(row, VALUES)].
+        `finish_rows` of them is `table`: the store finishes many steps' rows at once, when
+        they are read (`finish` is row by row, so the values are the same to the bit)."""
         self.collect()
-        raw = np.full((self._count + 1, len(RAW)), np.nan)  # last row: "no statistics"
-        if self._chunks:  # rows the kernel wrote (NaN elsewhere)
-            written = np.concatenate([rows for rows, _ in self._chunks])[: self._count]
-            raw[: len(written)] = written
-        if self._raw:
-            raw[list(self._raw)] = list(self._raw.values())
-        for slots, table in self._tables:
-            raw[slots] = table
-        numel = np.ones(self._count + 1)
-        if self._numel:
-            numel[list(self._numel)] = list(self._numel.values())
-        index = np.fromiter((self._count if s is None else s for s in row_slots), np.intp,
-                            count=len(row_slots))
-        values = finish(raw[index], numel[index])
-        for slot, exact in self._exact.items():  # the rare rows taken exactly (_check_range)
-            values[index == slot] = exact
-        return values
+        count = self._count
+        index = [count if s is None else s for s in row_slots]  # count: the "no statistics" row
+        get = self._numel.get
+        numel = np.array([get(s, 1) for s in index], dtype=np.float64)
+        chunks = self._chunks
+        if not self._raw and not self._tables and len(chunks) == 1 and count < 1 << _CHUNK_BITS:
+            raw = chunks[0][0][index]  # most steps: the kernel's rows only (row `count`: NaN)
+        else:
+            raw = np.full((count + 1, len(RAW)), np.nan)  # last row: "no statistics"
+            if chunks:  # rows the kernel wrote (NaN elsewhere)
+                written = np.concatenate([rows for rows, _ in chunks])[:count]
+                raw[: len(written)] = written
+            if self._raw:
+                raw[list(self._raw)] = list(self._raw.values())
+            for slots, table in self._tables:
+                raw[slots] = table
+            raw = raw[index]
+        exact = tuple((row, self._exact[s]) for row, s in enumerate(index) if s in self._exact
+                      ) if self._exact else ()  # the rare rows taken exactly (_check_range)
+        return raw, numel, exact
 
     def collect(self) -> None:
         """Reduce deferred tensors and move results to the host: one transfer per device."""

@@ -28,17 +28,27 @@ def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
     each node's inputs ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...; a `where` keeps both
     branches), leaves left out: what the words about the loss may name."""
     names, queue, seen, held = [], [loss.grad_fn], set(), []
-    while queue and len(names) < most:
-        node = queue.pop(0)
+    position = 0
+    while position < len(queue) and len(names) < most:
+        node = queue[position]
+        position += 1
         if node is None or id(node) in seen:
             continue
         held.append(node)  # older torch makes a new wrapper per access: ids must not recur
         seen.add(id(node))
-        name = type(node).__name__
+        kind = type(node)
+        name = _NAMES.get(kind)
+        if name is None:
+            name = _NAMES[kind] = kind.__name__.removesuffix("Backward0").removesuffix(
+                "Backward1")
         if name != "AccumulateGrad":
-            names.append(name.removesuffix("Backward0").removesuffix("Backward1"))
-        queue.extend(n for n, _ in node.next_functions)
+            names.append(name)
+        for next_node, _ in node.next_functions:
+            queue.append(next_node)
     return names
+
+
+_NAMES: dict[type, str] = {}  # an autograd node's type -> its name in last_operations (once per type)
 
 
 class _Backwards(Listeners):

@@ -27,14 +27,19 @@ class OptimizerRows:
         # unscale_): the same tensor exactly that many versions on at the next step took
         # one more backward pass and no zeroing (zero_() is one write more)
         self._grads: dict[int, tuple] = {}
+        # id(optimizer) -> (the optimizer, weakly; its parameters of this model): found by
+        # before_step, used by after_step of the same step (one look-up per parameter, not four)
+        self._stepping: dict[int, tuple] = {}
 
     def before_step(self, optimizer, param_targets: ParamTargets) -> None:
         """Copies of the parameters `optimizer` is about to update (for Δw; bounded).
 
         Every inspector hears every optimiser of the process (one hook for all): another
         model's, stepping in another thread meanwhile, must leave this one's copies alone."""
-        if any(p in param_targets for group in optimizer.param_groups for p in group["params"]):
-            self._recorder.guarded(self.snapshots.take, optimizer, param_targets)
+        mine = _mine(optimizer, param_targets)
+        if mine:
+            self._stepping[id(optimizer)] = (weakref.ref(optimizer), mine)  # for after_step
+            self._recorder.guarded(self.snapshots.take, [entry[0] for entry in mine])
 
     def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
@@ -43,9 +48,11 @@ class OptimizerRows:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         recorder = self._recorder
         calls = recorder.calls  # cleared, never replaced, at each step
-        found = ((p, param_targets.get(p)) for group in optimizer.param_groups
-                 for p in group["params"])
-        mine = [(p, *targeted) for p, targeted in found if targeted is not None]
+        stepping = self._stepping.pop(id(optimizer), None)
+        if stepping is not None and stepping[0]() is optimizer:
+            mine = stepping[1]  # before_step's, of this very step
+        else:  # no pre-hook ran (the inspector began during this step)
+            mine = _mine(optimizer, param_targets)
         if not mine:
             return  # another model's optimiser: this model's copies (Δw) stay for its own step
         recorder.optimizer_steps += 1
@@ -61,16 +68,17 @@ class OptimizerRows:
                 for name, buffer in module.named_buffers(recurse=False):
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
-        record = recorder.record_safely  # each row's failure said, never raised
-        updates = self.snapshots.updates([param for param, *_ in mine])
+        record = recorder.record_row  # each row's failure said, never raised
+        updates = self.snapshots.updates([entry[0] for entry in mine])
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)
             calls[key] = call + 1
             training = module.training
             record(target, call, "param", name, param.detach(), training)
-            if param.grad is not None:
-                record(target, call, "step_grad", name, param.grad, training)
+            grad = param.grad
+            if grad is not None:
+                record(target, call, "step_grad", name, grad, training)
             update = updates.get(id(param))
             if update is not None:
                 record(target, call, "update", name, update, training)
@@ -80,7 +88,8 @@ class OptimizerRows:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:
         nothing zeroed it (the version check costs no device read)."""
         carried = set()
-        for param, *_ in mine:
+        for entry in mine:  # (a starred target would make a list per parameter)
+            param = entry[0]
             grad = param.grad
             if grad is None:
                 self._grads.pop(id(param), None)
@@ -94,3 +103,10 @@ class OptimizerRows:
                 writes = grad._version + 1
             self._grads[id(param)] = (weakref.ref(grad), grad._version, writes)
         return carried
+
+
+def _mine(optimizer, param_targets: ParamTargets) -> list[tuple]:
+    """(param, target, name, module) of each parameter of `optimizer` that is this model's."""
+    get = param_targets.get
+    found = ((p, get(p)) for group in optimizer.param_groups for p in group["params"])
+    return [(p, *targeted) for p, targeted in found if targeted is not None]

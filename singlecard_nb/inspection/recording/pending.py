@@ -31,7 +31,8 @@ class Pending:
     def to_host(self, failed: Callable[[BaseException, str], None], *,
                 memory: bool) -> tuple | None:
         """(rows, values, hists, memory, extras) as the store receives them, or None when no
-        row was recorded. A failure is handed to `failed` (a reduction interrupted half-way:
+        row was recorded; values is `StepStats.raw_rows`' (raw, numel, exact), which the store
+        finishes when read. A failure is handed to `failed` (a reduction interrupted half-way:
         the rows are kept, with NaN statistics).
 
         memory: whether memory=True's columns were recorded (else None in their place)."""
@@ -41,7 +42,7 @@ class Pending:
         n = min(len(self.rows), len(self.slots))
         rows, slots = self.rows[:n], self.slots[:n]
         try:
-            values = self.stats.table(slots)
+            values = self.stats.raw_rows(slots)
         except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
             failed(e, f"statistics of step {rows[0][0]}")
             values = np.full((n, len(VALUES)), np.nan)
@@ -59,12 +60,20 @@ class Pending:
         except Exception as e:
             failed(e, f"input channels of step {step}")
         if self.optimizer:
-            extras["optimizer"] = [g for groups in self.optimizer.values() for g in groups]
+            extras["optimizer"] = tuple(g for groups in self.optimizer.values() for g in groups)
         try:
             if self.losses:  # one transfer for the step's losses
-                values = torch.stack([v.float() for v in self.losses]).cpu().tolist()
-                extras["loss"] = {"values": values, "ops": self.loss_ops,
-                                  "shared": self.loss_shared}
+                values = _to_host([v.float() for v in self.losses])
+                extras["loss"] = {"values": tuple(values), "ops": tuple(self.loss_ops),
+                                  "shared": self.loss_shared}  # tuples: see channels_to_host
         except Exception as e:
             failed(e, f"the loss of step {step}")
         return extras
+
+
+def _to_host(values: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as floats: one transfer for all, or on the CPU each read where it lies (the
+    same floats, without a stack and a copy)."""
+    if all(v.is_cpu for v in values):
+        return [v.item() for v in values]
+    return torch.stack(values).cpu().tolist()

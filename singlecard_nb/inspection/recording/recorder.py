@@ -40,6 +40,7 @@ DEDUPE_NUMEL = 16384
 _FLOAT64, _STRIDED = torch.float64, torch.strided  # module globals: read once per tensor
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
+_ARG_INDEX = tuple(f"[{i}]" for i in range(8))  # walk_tensors' index of positional tensors
 _NO_MEMORY = (float("nan"),) * 3  # memory columns of a row that is not an output
 _DEVICE_NAMES: dict[torch.device, str] = {}
 
@@ -206,6 +207,12 @@ class Recorder:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if io == "input":
             args, kwargs = obj
+            if (not kwargs and type(args) is tuple and len(args) <= len(_ARG_INDEX)
+                    and all(type(a) is torch.Tensor for a in args)):
+                # most calls: plain tensors as positional arguments, indexed as walk_tensors does
+                for index, tensor in zip(_ARG_INDEX, args):
+                    self.record_tensor(target, call, io, index, tensor, training, inputs)
+                return
             items = walk_tensors(args)
             for key, value in kwargs.items():
                 found = walk_tensors(value, f"[{key!r}]")
@@ -225,8 +232,11 @@ class Recorder:
     def record_tensor(self, target: Target, call: int, io: str, index: str,
                       t: torch.Tensor, training: bool, inputs: Any = None) -> None:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        if (self._dense_path and type(t) is torch.Tensor and t.is_cpu and io != "input"
-                and not target.hist and self._record_dense(target, call, io, index, t, training)):
+        if (self._dense_path and type(t) is torch.Tensor and t.is_cpu and not target.hist
+                and self._record_dense(target, call, io, index, t, training)):
+            if io == "input" and not target.path and call == 0:  # the model's own input
+                with self._lock:
+                    self.guarded(self._take_channels, target, index, t)
             return
         dtype = t.dtype
         values = None
@@ -378,6 +388,37 @@ class Recorder:
                     and not target.hist and self._record_dense(target, call, io, index, t,
                                                                training)):
                 self.record_tensor(target, call, io, index, t, training)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self._failed(e, target.path)
+
+    def record_row(self, target: Target, call: int, io: str, index: str, t: torch.Tensor,
+                   training: bool) -> None:
+        """`record_safely` for the rows an optimiser step makes, three per parameter (never an
+        output: no gradient hook): the common tensor (`_record_dense`'s) in this one frame,
+        any other by the general path."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        try:
+            kernel = self._kernels.get(t.dtype) if self._dense_path else None
+            if (kernel is None or type(t) is not torch.Tensor or t.dtype is _FLOAT64
+                    or not t.is_cpu or target.hist):
+                self.record_safely(target, call, io, index, t, training)
+                return
+            n = t.numel()
+            if (not 0 < n <= DEDUPE_NUMEL or t.layout is not _STRIDED or t.is_nested
+                    or not t.is_contiguous() or t.is_neg() or not t.data_ptr()):
+                self.record_safely(target, call, io, index, t, training)  # as _record_dense
+                return
+            with self._lock:  # _record_dense's body
+                pending = self.pending
+                slot = pending.stats.add_dense(t, n, kernel)
+                pending.rows.append((self.step, target.path, target.type_name, call, io, index,
+                                     tuple(t.shape), _DTYPE_NAMES[t.dtype], "cpu", training))
+                pending.slots.append(slot)
+                full = len(pending.rows) >= pending.max_rows
+            if full:  # steps="manual" without step(): pending rows stay bounded too
+                self.flush()
         except NonFiniteError:
             raise
         except Exception as e:

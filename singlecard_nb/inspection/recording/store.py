@@ -3,7 +3,6 @@ histograms, the listeners told when a step arrives, and the DataFrame they make.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from collections import deque
@@ -15,7 +14,7 @@ import torch
 
 from ...job import rank
 from ..diagnostics import Diagnostics
-from ..kernel import VALUES
+from ..kernel import VALUES, finish_rows
 
 # `training` is the module's .training flag at the call (train vs eval); it comes last so that
 # the columns of version 0.1 keep their places.
@@ -26,21 +25,47 @@ COLUMNS = (
 META = (*COLUMNS[:9], "training")  # the row tuple of one tensor, without statistics and rank
 DEFAULT_MAX_ROWS = 100_000
 MEMORY_COLUMNS = ("mem_out", "mem_saved", "mem_peak")  # memory=True (see memory.py)
+# Steps wait to be finished together up to this many rows (the RAW rows, as many bytes as
+# their VALUES); then a new batch begins, so a first read never finishes more at once.
+_FINISH_ROWS = 1 << 16
 HIST_STEPS = 50  # histograms kept per module for insp.hist() over steps (bounded memory)
 
 
-@dataclasses.dataclass
 class StepRecord:
-    """One step's rows on the host: metadata tuples and a [rows, 8] array of VALUES."""
+    """One step's rows on the host: metadata tuples and a [rows, 8] array of VALUES.
 
-    meta: list[tuple]
-    values: np.ndarray
-    rank: int
-    memory: np.ndarray | None = None  # memory=True: [rows, 3] of MEMORY_COLUMNS
-    # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
-    # "optimizer": [{"optimizer", "group", "lr", "weight_decay", "params"}]} (extras.py)
-    extras: dict | None = None
-    _first_rows: dict[tuple, dict[str, int]] = dataclasses.field(default_factory=dict)
+    A recorded step arrives with its RAW rows (`StepStats.raw_rows`), which become VALUES when
+    first read: every step received since then at once (`_Unfinished`), so a run that nobody
+    reads while it trains pays one `finish` per read, not one per step."""
+
+    __slots__ = ("meta", "_values", "_unfinished", "_span", "rank", "memory", "extras",
+                 "_first_rows", "__weakref__")
+
+    def __init__(self, meta: list[tuple], values: np.ndarray | None, rank: int,
+                 memory: np.ndarray | None = None, extras: dict | None = None):
+        self.meta = meta
+        self._values = values
+        # while `values` waits to be finished: its batch and its rows there (start, end)
+        self._unfinished: _Unfinished | None = None
+        self._span = (0, 0)
+        self.rank = rank
+        self.memory = memory  # memory=True: [rows, 3] of MEMORY_COLUMNS
+        # beside the rows, by name: {"step", "channels": {index: {"shape", "values"}},
+        # "optimizer": [{"optimizer", "group", "lr", "weight_decay", "params"}]} (extras.py)
+        self.extras = extras
+        self._first_rows: dict[tuple, dict[str, int]] = {}
+
+    @property
+    def values(self) -> np.ndarray:
+        values = self._values
+        if values is None:
+            batch = self._unfinished
+            if batch is None:  # another thread has just finished it
+                return self._values
+            start, end = self._span
+            values = self._values = batch.finish()[start:end]  # the same slice in any thread
+            self._unfinished = None
+        return values
 
     def first_rows(self, io: str, training: bool | None = None) -> dict[str, int]:
         """Module path -> row of its first `io` tensor in its earliest call (cached); with
@@ -56,6 +81,44 @@ class StepRecord:
                 if path not in first or call < earliest[path]:
                     first[path], earliest[path] = i, call
         return first
+
+
+class _Unfinished:
+    """RAW rows of steps received, not yet VALUES: `finish` turns all of them at once (one
+    `finish` of their rows together: row by row, so the same values to the bit). Records point
+    here, never the other way: a record the ring buffer lets go is freed at once, and the batch
+    with the last of its records."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # a reader may finish while the recorder adds a step
+        self._raw: list[np.ndarray] = []
+        self._numel: list[np.ndarray] = []
+        self._exact: list[tuple[int, tuple]] = []  # (row in the batch, VALUES)
+        self.rows = 0
+        self._values: np.ndarray | None = None
+
+    def add(self, raw: np.ndarray, numel: np.ndarray, exact: tuple) -> tuple[int, int] | None:
+        """The rows (start, end) of a step's RAW rows taken to finish later; None once this
+        batch is finished (a new batch takes them)."""
+        with self.lock:
+            if self._values is not None:
+                return None
+            start = self.rows
+            self._raw.append(raw)
+            self._numel.append(numel)
+            self._exact += [(start + row, taken) for row, taken in exact]
+            self.rows = start + len(raw)
+            return start, self.rows
+
+    def finish(self) -> np.ndarray:
+        """VALUES of every row taken, computed once (a second reader waits, then has them)."""
+        with self.lock:
+            if self._values is None:
+                raw = self._raw[0] if len(self._raw) == 1 else np.concatenate(self._raw)
+                numel = self._numel[0] if len(self._numel) == 1 else np.concatenate(self._numel)
+                self._values = finish_rows(raw, numel, self._exact)
+                self._raw, self._numel, self._exact = [], [], []  # let the RAW rows go
+            return self._values
 
 
 class Store:
@@ -76,14 +139,25 @@ class Store:
         self._diagnostics = diagnostics
         self._subject = subject  # what listeners are called with: the Inspector
         self.last_step = -1
+        self._unfinished = _Unfinished()  # steps whose VALUES are not yet taken (StepRecord)
 
-    def receive(self, rows: list[tuple], values: np.ndarray,
+    def receive(self, rows: list[tuple], values: np.ndarray | tuple,
                 hists: dict[str, tuple[torch.Tensor, torch.Tensor]],
                 memory: np.ndarray | None = None, extras: dict | None = None) -> None:
-        """Keep one (part of a) step: its rows, their VALUES, histograms, memory columns and
-        what the ranking reads beside them (extras)."""
+        """Keep one (part of a) step: its rows, their VALUES (or the (raw, numel, exact) of
+        `StepStats.raw_rows`, finished when read), histograms, memory columns and what the
+        ranking reads beside them (extras)."""
         with self._lock:
-            record = StepRecord(rows, values, rank(), memory, extras)
+            if isinstance(values, tuple):
+                record = StepRecord(rows, None, rank(), memory, extras)
+                span = (self._unfinished.add(*values) if self._unfinished.rows < _FINISH_ROWS
+                        else None)
+                if span is None:  # that batch was finished (read), or is full: a new one
+                    self._unfinished = _Unfinished()
+                    span = self._unfinished.add(*values)
+                record._unfinished, record._span = self._unfinished, span
+            else:
+                record = StepRecord(rows, values, rank(), memory, extras)
             for path, (counts, lo_hi) in hists.items():
                 try:
                     lo, hi = lo_hi.tolist()
