@@ -24,7 +24,7 @@ from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics, user_stacklevel
 from ..targets import Target
 from . import losses
-from .calls import CallTracker
+from .calls import CallTracker, StepMethod
 from .copies import Uncopied
 from .eagerly import compiled_later, eager, run_compiled_modules_eagerly
 from .extras import ParamTargets
@@ -32,7 +32,6 @@ from .global_hook import GlobalHook
 from .optimizer_rows import OptimizerRows
 from .optimizer_steps import optimizer_steps
 from .recorder import Recorder
-from .step_methods import StepMethod
 
 # Methods a LightningModule (or anything shaped like one) is driven through instead of forward.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")

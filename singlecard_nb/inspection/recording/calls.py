@@ -5,11 +5,14 @@ A step is one call of the model (its root pre-hook opens it), one call of a Ligh
 `insp.step()` calls. Real training code leaves that simple picture in a few ways, each handled
 here: Ctrl-C skips torch's always-called hooks (`settle`), gradient checkpointing re-runs
 forwards inside backward (`_on_outside_call`), another thread may run the model (its calls are
-not recorded). What the stack says is `stack.py`; the step methods' wrapper, `step_methods.py`.
+not recorded). What the stack says (`calls_on_stack`, `in_backward`) and the step methods'
+wrapper (`StepMethod`) are here too: each answers the one question of this module, which call
+and which step is open.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -25,7 +28,6 @@ from ..diagnostics import Diagnostics
 from ..memory import MemoryLedger
 from ..targets import Target
 from .recorder import Recorder
-from .stack import calls_on_stack, in_backward
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _get_ident = threading.get_ident
@@ -33,6 +35,25 @@ _STEP_CLOCK = itertools.count(1)  # steps of every inspector, in the order they 
 _THREADS = ("the model was called from two threads at once: calls made while another "
             "thread's call is running are not recorded.")
 _UNSEEN = object()  # on_forward called without an output (see there)
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+_CALL_IMPL = nn.Module._call_impl.__code__
+
+
+def in_backward() -> bool:
+    """True while autograd's engine runs a backward pass (where checkpointing recomputes)."""
+    return _graph_task_id() != -1
+
+
+def calls_on_stack(frame: Any, module: nn.Module) -> int:
+    """How many calls of `module` (its nn.Module._call_impl frames) are running in this stack:
+    after Ctrl-C skipped torch's always-called hooks, and where `inspect_all` finds a model."""
+    count = 0
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL and frame.f_locals.get("self") is module:
+            count += 1
+        frame = frame.f_back
+    return count
 
 
 def step_clock() -> int:
@@ -302,3 +323,32 @@ class CallTracker:
                 self._recorder.guarded(self._recorder.on_recomputed, target, module, output)
         elif self.depth:
             self._say("threads", _THREADS)
+
+
+class StepMethod:
+    """A model's training_step (or validation_step...) while inspected: each call is a step.
+
+    Set on the model instance (and removed by the inspector's owner). A copy of the model made
+    meanwhile (deepcopy by an EMA or SWA callback, pickling) gets the plain method of the copy.
+    """
+
+    def __init__(self, calls: CallTracker, method: Callable):
+        self._calls = calls
+        functools.update_wrapper(self, method)  # __wrapped__: Lightning's is_overridden, inspect
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        opened = self._calls.open("method")
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        finally:
+            if opened is not None:
+                self._calls.close(opened)
+
+    def __reduce__(self):
+        method = self.__wrapped__
+        return getattr, (method.__self__, method.__name__)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        method = self.__wrapped__
+        copied = memo.get(id(method.__self__), method.__self__)
+        return getattr(type(copied), method.__name__).__get__(copied)
