@@ -31,6 +31,24 @@ def _run(tmp_path, text: str, environ=None, **kwargs) -> tuple[list[launch.Rank]
     return ranks, lines
 
 
+def _interrupted_once_started(tmp_path, script, **kwargs) -> tuple[list, list, list]:
+    """Run `script` as 2 ranks and press Ctrl-C once both printed 'started'; the ranks, their
+    (rank, line)s and what the stop said."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ranks = launch.plan(2, "cpu", str(folder), [str(script)])
+    said, lines = [], []
+
+    def echo(rank, line, stream):
+        lines.append((rank, line))
+        if line == "started" and sum(text == "started" for _, text in lines) == 2:
+            raise KeyboardInterrupt  # Ctrl-C, as the notebook's main thread gets it
+
+    with pytest.raises(KeyboardInterrupt):
+        RankJob(ranks, str(folder), echo=echo, say=said.append, **kwargs).run()
+    return ranks, lines, said
+
+
 def test_the_notebooks_signal_handlers_are_given_back_so_ctrl_c_stays_keyboard_interrupt(
         tmp_path):
     def mine(signum, frame):  # the notebook's own handlers (a kernel sets some)
@@ -96,18 +114,7 @@ def test_a_rank_that_ignores_sigterm_is_sigkilled_after_the_grace_each_step_said
         "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "try:\n    print('started', flush=True)\n    time.sleep(600)\n"
         "finally:\n    print('cleaned up', flush=True)\n")
-    folder = tmp_path / "run"
-    folder.mkdir()
-    ranks = launch.plan(2, "cpu", str(folder), [str(script)])
-    said, lines = [], []
-
-    def echo(rank, line, stream):
-        lines.append((rank, line))
-        if line == "started" and sum(text == "started" for _, text in lines) == 2:
-            raise KeyboardInterrupt  # Ctrl-C, as the notebook's main thread gets it
-
-    with pytest.raises(KeyboardInterrupt):
-        RankJob(ranks, str(folder), echo=echo, say=said.append, grace=5.0).run()
+    ranks, lines, said = _interrupted_once_started(tmp_path, script, grace=5.0)
     assert said == ["singlecard_nb: stopping ranks 0, 1: SIGTERM, then SIGKILL for any still "
                     "running in 5 s.",
                     "singlecard_nb: rank 1 still running after 5 s: SIGKILL."], said
@@ -128,18 +135,7 @@ def test_ctrl_c_stops_ranks_with_dataloader_workers_without_a_traceback(tmp_path
         "            if epoch == step == 0:\n                print('started', flush=True)\n"
         "            torch.sin(x).sum()\n"
         "finally:\n    print('cleaned up', flush=True)\n")
-    folder = tmp_path / "run"
-    folder.mkdir()
-    ranks = launch.plan(2, "cpu", str(folder), [str(script)])
-    said, lines = [], []
-
-    def echo(rank, line, stream):
-        lines.append((rank, line))
-        if line == "started" and sum(text == "started" for _, text in lines) == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        RankJob(ranks, str(folder), echo=echo, say=said.append).run()
+    ranks, lines, said = _interrupted_once_started(tmp_path, script)
     assert len(said) == 1, said  # all ended at SIGTERM
     assert sorted(rank for rank, line in lines if line == "cleaned up") == [0, 1], lines
     # (a worker killed while it hands a batch over can still make multiprocessing's
@@ -147,10 +143,6 @@ def test_ctrl_c_stops_ranks_with_dataloader_workers_without_a_traceback(tmp_path
     assert not [line for _, line in lines
                 if "killed by signal" in line or "race condition" in line], lines
     _nothing_left([ranks])
-
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q", "-n", "0"]))
 
 
 def test_a_notice_every_rank_says_is_shown_once_for_the_job(tmp_path):
@@ -164,3 +156,7 @@ def test_a_notice_every_rank_says_is_shown_once_for_the_job(tmp_path):
     assert sum("x = torch.ones(2).cuda()" in line for _, line, _ in lines) == 1, lines
     assert sorted(rank for rank, line, _ in lines if line == "done cpu") == [0, 1]
     _nothing_left([ranks])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-n", "0"]))
