@@ -68,7 +68,7 @@ class OptimizerRows:
                 for name, buffer in module.named_buffers(recurse=False):
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
-        record = recorder.record_row  # each row's failure said, never raised
+        record = recorder.record_safely  # each row's failure said, never raised
         updates = self.snapshots.updates([entry[0] for entry in mine])
         for param, target, name, module in mine:
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1

@@ -393,37 +393,6 @@ class Recorder:
         except Exception as e:
             self._failed(e, target.path)
 
-    def record_row(self, target: Target, call: int, io: str, index: str, t: torch.Tensor,
-                   training: bool) -> None:
-        """`record_safely` for the rows an optimiser step makes, three per parameter (never an
-        output: no gradient hook): the common tensor (`_record_dense`'s) in this one frame,
-        any other by the general path."""
-        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        try:
-            kernel = self._kernels.get(t.dtype) if self._dense_path else None
-            if (kernel is None or type(t) is not torch.Tensor or t.dtype is _FLOAT64
-                    or not t.is_cpu or target.hist):
-                self.record_safely(target, call, io, index, t, training)
-                return
-            n = t.numel()
-            if (not 0 < n <= DEDUPE_NUMEL or t.layout is not _STRIDED or t.is_nested
-                    or not t.is_contiguous() or t.is_neg() or not t.data_ptr()):
-                self.record_safely(target, call, io, index, t, training)  # as _record_dense
-                return
-            with self._lock:  # _record_dense's body
-                pending = self.pending
-                slot = pending.stats.add_dense(t, n, kernel)
-                pending.rows.append((self.step, target.path, target.type_name, call, io, index,
-                                     tuple(t.shape), _DTYPE_NAMES[t.dtype], "cpu", training))
-                pending.slots.append(slot)
-                full = len(pending.rows) >= pending.max_rows
-            if full:  # steps="manual" without step(): pending rows stay bounded too
-                self.flush()
-        except NonFiniteError:
-            raise
-        except Exception as e:
-            self._failed(e, target.path)
-
     # --- gradients --------------------------------------------------------------------------
     def hook_grad(self, t: torch.Tensor, target: Target, call: int, index: str,
                   training: bool) -> None:
