@@ -295,8 +295,8 @@ def build_variants(name: str, model: nn.Module, x: torch.Tensor, engine: Callabl
     return v
 
 
-REPS = {"resnet": 30, "transformer": 15, "mlp5000": 20, "vgg": 20, "gpt": 12, "hf_gpt2": 15,
-        "hf_bert": 15}
+REPS = {"resnet": 30, "transformer": 15, "mlp5000": 20, "vgg": 20, "gpt": 12, "mobilenetv2": 20,
+        "lstm_lm": 20, "hf_gpt2": 15, "hf_bert": 15}
 PEER_MODELS = ("resnet", "transformer", "mlp5000")  # torchlens runs on these only
 
 

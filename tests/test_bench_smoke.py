@@ -87,6 +87,11 @@ def test_bench_quick_prints_every_table_with_ratios():
         assert bare.count("1.00×") == 2, bare  # ratio and min ratio of the baseline itself
         full = next(r for r in rows if r.split("  ")[0] == model and "inspect(model)  " in r)
         assert "(floor × 1.10)" in full and ("PASS" in full or "FAIL" in full), full
+    # issue 40's line restated per model: the forward's ratio to the floor, grads' to a bare step
+    against = lines.index(next(ln for ln in lines if ln.startswith("against the floor")))
+    for model in ("tiny CNN", "tiny MLP"):
+        row = next(ln for ln in lines[against:] if ln.startswith(model))
+        assert row.count("×") == 6 and row.count("PASS") + row.count("FAIL") == 2, row
     for extra in ("µs added per small module call", "attach+detach on 5 000 modules",
                   "`import torch`", "`import singlecard_nb`", "aminmax", "std_mean",
                   "one-pass kernel (inspect, all statistics)", "statistics of one forward",
