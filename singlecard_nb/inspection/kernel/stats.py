@@ -8,9 +8,9 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
 
     CPU tensors         one call of the C kernel in `onepass.c` (built in the background by
                         `native.py`), which writes the RAW row itself: min, max, mean, the
-                        centred sum of squares and the zero count in a single read, 1.0-2.0x
-                        the cost of one `x.sum()` on large tensors and under a microsecond on
-                        small ones. It reads a second time, in float64, only where the first
+                        centred sum of squares and the zero count in a single read, ~3x
+                        the cost of one float32 `x.sum()` on large tensors in cache (its sums
+                        are in double) and under a microsecond on small ones. It reads a second time, in float64, only where the first
                         read cannot be trusted: NaN/Inf (counted), a variance that cancels,
                         squares out of float64's range (values beyond ~1e150 or below
                         ~1e-150), or `exact_std`. A strided view is copied first. Until the kernel is
