@@ -187,6 +187,25 @@ def test_both_paths_agree_with_float64_on_random_values(kernels, data, repeat):
                 assert g == pytest.approx(w, rel=1e-4, abs=spread), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [5, 17, 4097, 70_001])
+def test_min_max_and_zeros_are_exact_on_subnormals_and_signed_zeros(path, dtype, n):
+    # the kernel compares values as read (float lanes) and counts zeros in integers: the
+    # extremes and the count must be torch's exactly, tails of a lane group and of a block too
+    torch.manual_seed(n)
+    tiny = torch.finfo(dtype).smallest_normal
+    x = ((torch.rand(n) - 0.5) * tiny).to(dtype)  # subnormal, within +-tiny / 2
+    x[::7] = 0.0
+    x[3::7] = -0.0
+    x[n // 2] = -3 * tiny / 4  # the smallest value, a subnormal, mid-block
+    x[-1] = tiny / 3  # the largest, in the tail no full lane group reads
+    got = dict(zip(VALUES, taken(x)))
+    assert got["min"] == x.min().item() == x[n // 2].item() < 0
+    assert got["max"] == x.max().item()
+    assert got["absmax"] == x.abs().max().item()
+    assert got["zeros"] == float((x == 0).sum()) / n
+
+
 def test_kernel_is_safe_from_several_threads(kernels):
     # sizes on both sides of GIL_RELEASE_NUMEL: calls that keep the GIL and calls that drop it
     tensors = [values(60_000 + 2_000 * i, torch.float32, seed=i) for i in range(8)]
