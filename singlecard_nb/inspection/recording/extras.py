@@ -46,8 +46,9 @@ def channels_to_host(pending: dict[str, tuple[Any, tuple[torch.Tensor, ...]]]
     """index -> {"shape", "values": ((mean, std, absmax), ...)}: named, for the record."""
     out = {}
     for index, (shape, columns) in pending.items():
-        if columns[0].is_cpu:  # each column read where it lies: no stack, no copy
-            rows = zip(*(column.tolist() for column in columns))
+        mean, std, absmax = columns
+        if mean.is_cpu:  # each column read where it lies: no stack, no copy
+            rows = zip(mean.tolist(), std.tolist(), absmax.tolist())
         else:  # one transfer for the three
             rows = map(tuple, torch.stack(columns, dim=1).cpu().tolist())
         # tuples, not lists: the garbage collector stops tracking a tuple of floats, while

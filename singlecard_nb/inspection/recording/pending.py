@@ -44,7 +44,9 @@ class Pending:
             return None
         # Ctrl-C can land between the two appends of record_tensor
         n = min(len(self.rows), len(self.slots))
-        rows, slots = self.rows[:n], self.slots[:n]
+        rows, slots = self.rows, self.slots  # this step's for good: no copy unless cut
+        if len(rows) != n or len(slots) != n:
+            rows, slots = rows[:n], slots[:n]
         try:
             values = self.stats.raw_rows(slots)
         except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
