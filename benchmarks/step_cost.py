@@ -4,6 +4,7 @@
 
     .venv/bin/python benchmarks/step_cost.py                  # about a minute
     .venv/bin/python benchmarks/step_cost.py --model lstm
+    .venv/bin/python benchmarks/step_cost.py --inside         # the fixed part's own time
 
 The models are the corpus's short steps (tests/scripts/corpus/): the accelerate loop's 4-module
 MLP (Linear, GELU, LayerNorm, Linear on 16×16, AdamW) and the word_language_model LSTM LM (2 ×
@@ -14,11 +15,19 @@ the loss, the optimiser's rows, and the garbage collector's share of what a step
 best of 5 chunks of `--steps`/5 steps (other processes on a shared machine add to a chunk, never
 take away), after 50 steps of warm-up; one torch thread. Collections of the garbage collector
 during the timed steps are counted and timed too (`gc.callbacks`).
+
+`--inside` times, per step, only the fixed part's two places (best of the same 5 chunks, each
+place on its own): the model's pre-hook (`CallTracker.on_root_pre`: the previous step's
+hand-off to the host, the model input's row and channel statistics) and the loss
+(`Recorder.record_loss`). The whole step's added time moves between runs by more than a change
+to those places on a shared runner; their own time does not.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import gc
 import time
 
@@ -100,6 +109,52 @@ def measure(make, options, steps: int) -> tuple[float, int, float]:
     return best * 1e6, collecting[0], collecting[1] * 1e3
 
 
+def inside(make, options, steps: int) -> dict[str, float]:
+    """µs per step spent in each of the fixed part's places (`--inside`), on a fresh model."""
+    from singlecard_nb.inspection.recording import calls, recorder
+
+    places = {"on_root_pre": calls.CallTracker, "record_loss": recorder.Recorder}
+    spent: collections.Counter = collections.Counter()
+    originals = {name: getattr(owner, name) for name, owner in places.items()}
+
+    def timed(name, method):
+        @functools.wraps(method)
+        def run_timed(*args, **kwargs):
+            start = time.thread_time_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.thread_time_ns() - start
+        return run_timed
+
+    for name, owner in places.items():
+        setattr(owner, name, timed(name, originals[name]))
+    try:
+        torch.manual_seed(0)
+        model, loss = make()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        finder = scn.inspect_all(**options)
+        try:
+            best: dict[str, float] = {}
+            chunk = steps // 5
+            for r in range(-1, 5):  # -1: 50 steps of warm-up
+                spent.clear()
+                offset, n = (0, 50) if r < 0 else (50 + r * chunk, chunk)
+                for i in range(offset, offset + n):
+                    loss(i).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                if r >= 0:
+                    for name in places:
+                        best[name] = min(best.get(name, float("inf")), spent[name] / n / 1e3)
+        finally:
+            finder.stop()
+    finally:
+        for name, owner in places.items():
+            setattr(owner, name, originals[name])
+    return best
+
+
 def _cpu(run, n: int, offset: int) -> float:
     start = time.thread_time()
     run(n, offset)
@@ -110,11 +165,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("mlp", "lstm"), default="mlp")
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--inside", action="store_true",
+                        help="time the fixed part's two places only (see above)")
     options = parser.parse_args()
     torch.set_num_threads(1)
     native.start()
     native.wait(120)
     make = {"mlp": mlp, "lstm": lstm}[options.model]
+    if options.inside:
+        print(f"{options.model}: µs per step in each place (thread CPU time, best of 5 chunks "
+              f"of {options.steps // 5} steps)")
+        for name, variant in VARIANTS.items():
+            if variant is not None:
+                places = inside(make, variant, options.steps)
+                print(f"{name:<28} " + "  ".join(f"{place} {us:6.1f} µs"
+                                                 for place, us in places.items()))
+        return
     results = {name: measure(make, variant, options.steps) for name, variant in VARIANTS.items()}
     bare = results["bare"][0]
     print(f"{options.model}: µs per step (thread CPU time, best of 5 chunks of "

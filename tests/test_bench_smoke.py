@@ -99,3 +99,30 @@ def test_bench_quick_prints_every_table_with_ratios():
         assert extra in out, f"{extra!r} missing:\n{out}"
     assert "variant errors: 0" in out, out
     assert "ERROR" not in out, out
+
+
+def test_step_cost_inside_times_both_places_and_leaves_them_as_they_were():
+    """`step_cost.py --inside` prints the pre-hook's and the loss's time for both inspected
+    variants, and the methods it times are torch's and ours again afterwards (a second run in
+    the same process would otherwise time its own timers)."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(BENCH)!r}, {str(ROOT)!r}]
+        sys.argv = ["step_cost.py", "--inside", "--steps", "25"]
+        from singlecard_nb.inspection.recording import calls, recorder
+        before = (calls.CallTracker.on_root_pre, recorder.Recorder.record_loss)
+        import step_cost
+        step_cost.main()
+        after = (calls.CallTracker.on_root_pre, recorder.Recorder.record_loss)
+        print("restored", before == after)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, f"step_cost.py --inside failed:\n{p.stdout}\n{p.stderr}"
+    lines = p.stdout.splitlines()
+    for variant in ("--inspect ", "--inspect --grads --params"):
+        row = next(ln for ln in lines if ln.startswith(variant))
+        pre, loss = (float(row.split(place)[1].split("µs")[0]) for place in
+                     ("on_root_pre", "record_loss"))
+        assert pre > 0 and loss > 0, row  # both places ran on every timed step
+    assert "restored True" in lines, p.stdout

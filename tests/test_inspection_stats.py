@@ -236,6 +236,22 @@ def test_finish_turns_raw_rows_into_values():
     assert got[1].tolist() == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
 
 
+
+def test_a_step_never_shows_an_earlier_steps_statistics(kernels):
+    """Each step's kernel writes its RAW rows where a step two before wrote its own (the
+    recorder hands the chunk on): a tensor without statistics (an empty one) reads NaN in its
+    step, never the values an earlier step left in that row."""
+    model = nn.Sequential(nn.Identity())
+    batches = [torch.full((4, 4), 3.0), torch.full((4, 4), 5.0), torch.empty(0, 4),
+               torch.empty(0, 4), torch.full((4, 4), 7.0)]
+    with scn.inspect(model) as insp:
+        for x in batches:
+            model(x)
+    frame = insp.frame()
+    means = frame[frame["io"] == "output"].groupby("step")["mean"].apply(list).to_dict()
+    assert {step: [v if v == v else None for v in values] for step, values in means.items()} \
+        == {0: [3.0, 3.0], 1: [5.0, 5.0], 2: [None, None], 3: [None, None], 4: [7.0, 7.0]}
+
 # --- the build: in the background, said once when it fails, off on request ---------------------
 LARGE_STEPS = textwrap.dedent("""
     import json, time, warnings, torch

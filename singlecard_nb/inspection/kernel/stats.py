@@ -80,10 +80,12 @@ class StepStats:
     exact_std: always take the centred second pass for the variance (slower).
     kernels: the one-pass kernels by dtype to use (default: `native.kernels()`, empty until
         they are built); `{}` takes every statistic with torch.
+    rows: a chunk of RAW rows to write first, all NaN (an earlier step's `spare_rows()`).
     """
 
     def __init__(self, exact_std: bool = False,
-                 kernels: dict[torch.dtype, native.Kernel] | None = None):
+                 kernels: dict[torch.dtype, native.Kernel] | None = None, *,
+                 rows: tuple[np.ndarray, int] | None = None):
         self.exact_std = exact_std
         self._count = 0
         self._raw: dict[int, tuple] = {}  # slot -> RAW already on the host
@@ -99,7 +101,7 @@ class StepStats:
         self._build = kernels is None  # the first CPU tensor starts building the kernels
         # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
         # address a kernel writes to stays valid even while another thread adds a chunk
-        self._chunks: list[tuple[np.ndarray, int]] = []
+        self._chunks: list[tuple[np.ndarray, int]] = [] if rows is None else [rows]
         self._exact: dict[int, tuple] = {}  # slot -> VALUES of float64 beyond 1e+-150
 
     def add(self, t: torch.Tensor, shape: tuple, *, immediate: bool = False) -> int:
@@ -142,7 +144,9 @@ class StepStats:
                 kernel(v.data_ptr(), n, self.exact_std, self._row_address(slot))
             else:
                 self._raw[slot] = reduce_cpu(v, n, self.exact_std)
-            if v.dtype is torch.float64:
+            if v.dtype is torch.float64 and (real is None or x.is_complex()):
+                # integers made float64 (token ids: one a step) lie within 1 and 9.3e18 or are
+                # 0, where squares never leave float64's range: no range to check
                 self._check_range(slot, v)
         elif immediate:  # the trap reads at once: this synchronises, as documented
             self._raw[slot] = tuple(self._reduce_on_device(v, n).tolist())
@@ -209,14 +213,18 @@ class StepStats:
         where none), its element count ([rows]) and the rare rows taken exactly, [(row, VALUES)].
         `finish_rows` of them is `table`: the store finishes many steps' rows at once, when
         they are read (`finish` is row by row, so the values are the same to the bit)."""
-        self.collect()
+        if self._small or self._on_device:  # else nothing is deferred: no collection to make
+            self.collect()
         count = self._count
         index = [count if s is None else s for s in row_slots]  # count: the "no statistics" row
         get = self._numel.get
         numel = np.array([get(s, 1) for s in index], dtype=np.float64)
         chunks = self._chunks
         if not self._raw and not self._tables and len(chunks) == 1 and count < 1 << _CHUNK_BITS:
-            raw = chunks[0][0][index]  # most steps: the kernel's rows only (row `count`: NaN)
+            # most steps: the kernel's rows only (row `count`: NaN); most often each row has
+            # its own slot, in order, and a slice's copy is the same rows without an index
+            in_order = len(index) == count and index == [*range(count)]
+            raw = chunks[0][0][:count].copy() if in_order else chunks[0][0][index]
         else:
             raw = np.full((count + 1, len(RAW)), np.nan)  # last row: "no statistics"
             if chunks:  # rows the kernel wrote (NaN elsewhere)
@@ -230,6 +238,17 @@ class StepStats:
         exact = tuple((row, self._exact[s]) for row, s in enumerate(index) if s in self._exact
                       ) if self._exact else ()  # the rare rows taken exactly (_check_range)
         return raw, numel, exact
+
+    def spare_rows(self) -> tuple[np.ndarray, int] | None:
+        """The first chunk of RAW rows (and its address), all NaN again, for a later step's
+        StepStats to write (`rows=`): a new chunk is 64 KiB to allocate and fill, each step.
+        Only once this step's rows were taken (`raw_rows` copies them) and no tensor is added
+        any more. None when the kernel wrote none."""
+        if not self._chunks:
+            return None
+        chunk = self._chunks[0]
+        chunk[0][: min(self._count, 1 << _CHUNK_BITS)] = np.nan  # the rows written, at most
+        return chunk
 
     def collect(self) -> None:
         """Reduce deferred tensors and move results to the host: one transfer per device."""

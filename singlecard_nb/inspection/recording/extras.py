@@ -20,9 +20,9 @@ MAX_CHANNELS = 4096  # wider inputs (a sequence's embedding dimension) are not s
 SNAPSHOT_BYTES = 256 << 20  # parameters copied before an optimiser step, per step, at most
 
 
-def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
-    """[C, 3] (mean, std, absmax) per channel of an image batch (N×C×H×W, dim 1) or per feature
-    of a table (N×F), on the tensor's device; None for other shapes."""
+def channel_stats(t: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """(mean, std, absmax), each [C], per channel of an image batch (N×C×H×W, dim 1) or per
+    feature of a table (N×F), on the tensor's device; None for other shapes."""
     if not t.is_floating_point() or t.dim() not in (2, 4) or t.shape[0] == 0:
         return None
     channels = t.shape[1]
@@ -31,21 +31,29 @@ def channel_stats(t: torch.Tensor) -> torch.Tensor | None:
     # Of a detached tensor: no graph, so no no_grad block (a Ctrl-C landing in no_grad's
     # __exit__ would leave grad mode off in the user's thread)
     # reduced in place over the other dims: no transposed copy (a third of the time of an
-    # image batch's); the inf-norm is the largest |x|, exactly as abs().amax() (NaN stays NaN)
-    x = t.detach().float()
+    # image batch's); the inf-norm is the largest |x|, exactly as abs().amax() (NaN stays NaN);
+    # the three columns stay apart (a stack was a fifth of the time of a small batch's)
+    x = t.detach()
+    if x.dtype is not torch.float32:  # float() of float32 is the tensor itself, one op later
+        x = x.float()
     dims = 0 if x.dim() == 2 else (0, 2, 3)
     std, mean = torch.std_mean(x, dim=dims, correction=0)
-    return torch.stack([mean, std, torch.linalg.vector_norm(x, math.inf, dims)], dim=1)
+    return mean, std, torch.linalg.vector_norm(x, math.inf, dims)
 
 
-def channels_to_host(pending: dict[str, tuple[Any, torch.Tensor]]) -> dict[str, dict]:
+def channels_to_host(pending: dict[str, tuple[Any, tuple[torch.Tensor, ...]]]
+                     ) -> dict[str, dict]:
     """index -> {"shape", "values": ((mean, std, absmax), ...)}: named, for the record."""
     out = {}
-    for index, (shape, values) in pending.items():
-        rows = values.tolist() if values.is_cpu else values.cpu().tolist()
+    for index, (shape, columns) in pending.items():
+        mean, std, absmax = columns
+        if mean.is_cpu:  # each column read where it lies: no stack, no copy
+            rows = zip(mean.tolist(), std.tolist(), absmax.tolist())
+        else:  # one transfer for the three
+            rows = map(tuple, torch.stack(columns, dim=1).cpu().tolist())
         # tuples, not lists: the garbage collector stops tracking a tuple of floats, while
         # every list a step keeps would stay tracked and make its full collections come sooner
-        out[index] = {"shape": shape, "values": tuple(map(tuple, rows))}
+        out[index] = {"shape": shape, "values": tuple(rows)}
     return out
 
 

@@ -31,6 +31,9 @@ class GlobalHook:
     def __init__(self) -> None:
         self.hook: Callable | None = None
         self._handle: HookEntries | RemovableHandle | None = None
+        # (hook, its entries) of every install, made once per hook: the key stays ours (torch
+        # hands out each key once), and each recorded step puts them in and takes them out
+        self._entries: tuple[Callable, HookEntries] | None = None
 
     def install(self) -> None:
         """The global forward hook (with_kwargs), entered into torch's tables in an order that
@@ -43,9 +46,11 @@ class GlobalHook:
         if _GLOBAL_HOOKS is None:  # a torch without these tables: its own register
             self._handle = register_module_forward_hook(self.hook, with_kwargs=True)
             return
-        key = RemovableHandle(_GLOBAL_HOOKS).id  # a key torch gives no other hook
-        self._handle = HookEntries([(_GLOBAL_WITH_KWARGS, key, True),  # flag first
-                                    (_GLOBAL_HOOKS, key, self.hook)])
+        if self._entries is None or self._entries[0] is not self.hook:
+            key = RemovableHandle(_GLOBAL_HOOKS).id  # a key torch gives no other hook
+            self._entries = (self.hook, HookEntries([(_GLOBAL_WITH_KWARGS, key, True),  # flag first
+                                                     (_GLOBAL_HOOKS, key, self.hook)]))
+        self._handle = self._entries[1]
         self._handle.put()
 
     def remove(self) -> None:

@@ -11,18 +11,22 @@ import torch
 from ..kernel import VALUES, StepStats
 from .extras import channels_to_host
 
+_FLOAT32 = torch.float32  # a module global: read once per loss
+
 
 class Pending:
     """Rows of the current step whose statistics may still be on the device."""
 
-    def __init__(self, exact_std: bool, max_rows: int):
+    def __init__(self, exact_std: bool, max_rows: int, raw_rows: tuple | None = None):
         self.max_rows = max_rows  # flushed when reached (the store's bound, read per step)
         self.rows: list[tuple] = []  # (step, path, type, call, io, index, shape, dtype, device)
         self.slots: list[int | None] = []  # each row's statistics slot (None: not reducible)
-        self.stats = StepStats(exact_std)
+        # raw_rows: an earlier step's chunk of RAW rows to write again (StepStats.spare_rows)
+        self.stats = StepStats(exact_std, rows=raw_rows)
         self.hists: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.memory: list[tuple[float, float, float]] = []  # memory=True: per row (memory.py)
-        self.channels: dict[str, tuple] = {}  # model input index -> (shape, [C, 3] on device)
+        # model input index -> (shape, (mean, std, absmax), each [C] on the device)
+        self.channels: dict[str, tuple] = {}
         self.optimizer: dict[int, list[dict]] = {}  # id(optimizer) -> its param groups
         self.losses: list[torch.Tensor] = []  # what loss.backward() was called on (0-d, device)
         self.loss_ops: list[str] = []  # the first loss's last autograd operations
@@ -40,7 +44,9 @@ class Pending:
             return None
         # Ctrl-C can land between the two appends of record_tensor
         n = min(len(self.rows), len(self.slots))
-        rows, slots = self.rows[:n], self.slots[:n]
+        rows, slots = self.rows, self.slots  # this step's for good: no copy unless cut
+        if len(rows) != n or len(slots) != n:
+            rows, slots = rows[:n], slots[:n]
         try:
             values = self.stats.raw_rows(slots)
         except Exception as e:  # e.g. a reduction interrupted half-way: keep the rows
@@ -63,7 +69,7 @@ class Pending:
             extras["optimizer"] = tuple(g for groups in self.optimizer.values() for g in groups)
         try:
             if self.losses:  # one transfer for the step's losses
-                values = _to_host([v.float() for v in self.losses])
+                values = _to_host(self.losses)
                 extras["loss"] = {"values": tuple(values), "ops": tuple(self.loss_ops),
                                   "shared": self.loss_shared}  # tuples: see channels_to_host
         except Exception as e:
@@ -72,8 +78,9 @@ class Pending:
 
 
 def _to_host(values: list[torch.Tensor]) -> list[float]:
-    """0-d tensors as floats: one transfer for all, or on the CPU each read where it lies (the
-    same floats, without a stack and a copy)."""
-    if all(v.is_cpu for v in values):
-        return [v.item() for v in values]
-    return torch.stack(values).cpu().tolist()
+    """0-d tensors as the floats of their float32 values: one transfer for all, or on the CPU
+    each read where it lies (the same floats, without a stack and a copy)."""
+    if all(v.is_cpu for v in values):  # float() of a float32 loss is itself, one op later
+        return [(v if v.dtype is _FLOAT32 else v.float()).item() for v in values]
+    return torch.stack([v.float() for v in values]).cpu().tolist()
+

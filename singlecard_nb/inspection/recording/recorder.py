@@ -27,6 +27,7 @@ from ..kernel import plain, reducible
 from ..memory import MemoryLedger, peak_bytes
 from ..targets import Target
 from .extras import channel_stats
+from .losses import last_operations
 from .pending import Pending
 from .store import Store
 from .structures import MAX_OBJECTS_PER_OUTPUT, MAX_TENSORS_PER_OUTPUT, odd_shape, walk_tensors
@@ -94,6 +95,7 @@ class Recorder:
         self.calls: dict[Any, int] = {}  # id(module), ("param", id), "buffers" -> count
         self.step_thread: int | None = None
         self.pending = Pending(exact_std, store.max_rows)
+        self._spare_rows: tuple | None = None  # a flushed step's RAW rows chunk, see flush
         self.optimizer_steps = 0  # optimiser steps that updated the model's parameters
         self.trained = False  # called in training mode with gradients on: a model that learns
         self._store = store
@@ -142,9 +144,9 @@ class Recorder:
         crosses to the host; with trap=True, a non-finite loss is the trap."""
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         try:
-            from .losses import last_operations
-
-            value = loss.detach().reshape(())
+            value = loss.detach()
+            if value.dim():  # a loss of one value in a shape: kept as a 0-d view
+                value = value.reshape(())
             with self._lock:
                 first = not self.pending.losses
                 self.pending.losses.append(value)
@@ -440,9 +442,13 @@ class Recorder:
     def flush(self) -> None:
         """Move the pending step's statistics to the host (one transfer per device)."""
         with self._lock:
-            pending, self.pending = self.pending, Pending(self.exact_std, self._store.max_rows)
+            pending = self.pending
+            self.pending = Pending(self.exact_std, self._store.max_rows, self._spare_rows)
+            self._spare_rows = None
             self._seen.clear()
             step = pending.to_host(self._failed, memory=self.memory is not None)
+            # its RAW rows are copied: the next step writes the same chunk (two take turns)
+            self._spare_rows = pending.stats.spare_rows()
             if step is None:
                 return
             self._store.receive(*step)
