@@ -158,3 +158,27 @@ def test_loading_the_save_path_of_two_models_names_their_files(tmp_path):
         scn.load(tmp_path / "run.db")
     assert "that run saved one file per model (run.Linear-2.db, run.Linear.db)" in str(refused.value)
     assert len(scn.load(tmp_path / "run.Linear.db")) > 0
+
+
+def test_a_process_group_the_script_left_formed_is_destroyed_before_python_exits(tmp_path):
+    # torch asks scripts to destroy their group; one that does not may be aborted at exit by
+    # gloo's threads ("terminate called without an active exception", status -6 under
+    # torchrun). The command line ends it after the script; the script's own atexit handlers,
+    # which run later, find it gone.
+    from singlecard_nb.job import free_port
+
+    script = _script(tmp_path, "leaves_group.py", (
+        "import atexit\nimport torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1)\ndist.all_reduce(t)\n"
+        "atexit.register(lambda: print('formed at exit:', dist.is_initialized()))\n"
+        "print('sum', t.item())\n"))
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "singlecard_nb", "--inspect", str(script)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sum 1.0" in done.stdout and "formed at exit: False" in done.stdout
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=env, timeout=120)  # python itself leaves it to the teardown
+    assert "formed at exit: True" in plain.stdout

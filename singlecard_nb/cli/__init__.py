@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     6. Exit, in `finally`: the agent told the status, the finder stopped, its findings
        printed, the records saved (a rank's by its agent's exit work), the trap's words and
        the pin given back; a save that failed makes the status 1.
+    7. A process group the script left formed is destroyed before the interpreter exits
+       (`at_exit.destroy_left_group`: gloo's threads can otherwise abort the process).
     """
     p = parser()
     ours, rest = split(list(sys.argv[1:] if argv is None else argv))
@@ -121,5 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .. import session
 
                 session.release()
+            if not forked:  # a forked child's group is its parent's to end
+                at_exit.destroy_left_group()
     return status
 
