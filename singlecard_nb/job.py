@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any
 
 # What torchrun (torch elastic's agent) sets in each worker; a launcher replaces them all
@@ -51,6 +52,17 @@ def place() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def group_formed() -> bool:
+    """Whether this process is in a process group now, without importing torch.distributed (a
+    script that never imported it formed none); safe from another thread while the script
+    imports torch (False then)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # a torch half imported, while the script imports it
+        return False
 
 
 def _launched() -> tuple[int, int] | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inspection.runs import model_part
+from ..job import group_formed
 
 
 def say_forked_child_leaves_the_save(parent: int, path: str) -> None:
@@ -23,10 +24,10 @@ def destroy_left_group() -> None:
     exception", exit status -6 under torchrun: 5 of 12 runs of a two-rank gloo script without
     it on a loaded 2-core box, torch 2.15; 0 of 12 with it). The script is over, so nothing of
     it is lost; a failure here leaves the group to the interpreter, as before."""
-    dist = sys.modules.get("torch.distributed")  # a script that never imported it formed none
+    if not group_formed():
+        return
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        sys.modules["torch.distributed"].destroy_process_group()
     except Exception:  # noqa: BLE001 - the script's outcome stands; torch's exit path remains
         pass
 

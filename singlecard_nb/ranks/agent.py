@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..borrow import Borrowed
+from ..job import group_formed
 from . import rank_status
 from .collectives import CollectiveLog
 from .lifeline import TERMINATED, Lifeline
@@ -168,7 +169,7 @@ class Agent:
                 or cpu - self._last[1] > _BUSY_CPU * INTERVAL:
             self._progress += 1
         self._last = (signature, cpu)
-        self._formed = self._formed or self.collectives.count > 0 or _group_formed()
+        self._formed = self._formed or self.collectives.count > 0 or group_formed()
         return {"rank": self.rank, "pid": os.getpid(), "progress": self._progress,
                 "time": time.time(), **locate(frames), "formed": self._formed,
                 "collectives": self.collectives.snapshot(), **self._extra}  # a RankStatus
@@ -176,12 +177,3 @@ class Agent:
     def _write(self, status: rank_status.RankStatus) -> None:
         with self._lock:
             rank_status.write(self.path, status)
-
-
-def _group_formed() -> bool:
-    """Whether this rank is in a process group now (read from the agent's thread too)."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        return bool(dist is not None and dist.is_available() and dist.is_initialized())
-    except Exception:  # a torch half imported, while the script imports it
-        return False
