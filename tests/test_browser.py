@@ -241,8 +241,8 @@ def _next_update(page, view) -> None:
     from playwright.sync_api import expect
 
     head = view.locator(".scn-head").inner_text()
-    # 20 s: the view redraws at most 4 times a second and backs off while drawing is slow,
-    # as on a 2-core box with the other test worker beside it
+    # 20 s: the view redraws at most 4 times a second, and less often while drawing costs the
+    # kernel more than 4 % of its time
     expect(page.locator(".singlecard-live-view .scn-head").first).not_to_have_text(
         head, timeout=20_000)
 

@@ -326,6 +326,33 @@ def test_live_view_updates_one_output_throttled_and_keeps_the_last_state(shown):
     assert insp._store.listeners == []  # the listener went away with the inspector
 
 
+def test_a_draw_slowed_by_a_busy_machine_does_not_freeze_the_live_view(shown, monkeypatch):
+    """The back-off counts the kernel's own drawing, not time lost to other processes: a draw
+    that waited 0.4 s once (another job on the cores) must not hold the view for 10 s."""
+    model = _model()
+    slow_once: list[bool] = []
+    real_text = live.LiveView._text
+
+    def waiting_text(self, rows=None):
+        if slow_once:
+            slow_once.pop()
+            time.sleep(0.4)  # waiting, as for a core another process holds
+        return real_text(self, rows)
+
+    monkeypatch.setattr(live.LiveView, "_text", waiting_text)
+    with scn.inspect(model) as insp:
+        view = live.live_view(insp, max_rate=4.0)
+        slow_once.append(True)  # the first update after the view is shown
+        started = time.perf_counter()
+        while time.perf_counter() - started < 2.0:
+            model(torch.randn(5, 8))
+            time.sleep(0.01)
+        drawn_while_training = view.renders
+    assert not slow_once
+    # the slow first draw, then about 4 a second for 2 s; 25 s of back-off would leave 1-2
+    assert drawn_while_training >= 5, drawn_while_training
+
+
 def test_live_view_highlights_nan_modules(shown):
     model = _model()
     insp = scn.inspect(model)

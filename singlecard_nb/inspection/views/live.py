@@ -140,7 +140,10 @@ class LiveView:
         if self._rendering:  # reading the inspector can flush a step, which calls us again
             return
         self._rendering = True
-        started = time.perf_counter()
+        # The draw's cost is this thread's CPU time, not the wall clock: on a busy machine a
+        # 30 ms draw can take a second of wall time while other processes run, and backing
+        # off by that froze the view for 25 s (CI, the browser test beside another worker).
+        started = time.thread_time()
         try:
             bundle = self._bundle()
         except Exception as e:  # drawing must never break the training loop
@@ -156,10 +159,9 @@ class LiveView:
         elif self._shell is None and not self._owner.active:
             print(bundle["text/plain"])  # a script's final state
         self.renders += 1
-        finished = time.perf_counter()
-        self._last_render = finished
+        self._last_render = time.perf_counter()
         # Back off when drawing is slow (thousands of modules): a bounded share of the time.
-        self._interval = max(self.min_interval, (finished - started) / _DRAW_SHARE)
+        self._interval = max(self.min_interval, (time.thread_time() - started) / _DRAW_SHARE)
 
     # --- content ------------------------------------------------------------------------
     def rows(self, search: str | None = None) -> list[Row]:
