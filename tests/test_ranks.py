@@ -445,6 +445,11 @@ def _torchrun(ranks: int, *command: str) -> list[str]:
             f"--nproc_per_node={ranks}", *command]
 
 
+def _killed_by_a_signal(torchrun_output: str) -> bool:
+    """Whether torchrun reports a rank ended by a signal (its exitcode is then negative)."""
+    return re.search(r"exitcode\s*:\s*-\d+", torchrun_output) is not None
+
+
 def _losses(text: str, prefix: str, pattern: str) -> dict[int, list[str]]:
     """Each rank's loss figures, in order."""
     found: dict[int, list[str]] = {}
@@ -482,6 +487,11 @@ def test_losses_are_torchruns(ip, launched, tmp_path, capsys, script, ranks, arg
     # died of SIGABRT while ours ran beside it)
     theirs = subprocess.run(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+    if reference == "plain" and theirs.returncode != 0 and _killed_by_a_signal(theirs.stdout):
+        # torch's own gloo, without us, aborting a rank (SIGABRT at teardown, seen in 2 full
+        # suites under load): the reference is run once more; ours gets no second try
+        theirs = subprocess.run(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
     text = theirs.stdout
     assert theirs.returncode == 0, text[-4000:]
     ip.run_cell(f"%singlecard cpu --ranks {ranks}")
