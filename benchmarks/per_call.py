@@ -11,6 +11,10 @@ include the machine's noise. Rows, in µs added per module call over a bare forw
 - a global forward hook that does nothing: torch's hook dispatch;
 - `nn.Module.__call__` wrapped by a function that does nothing: what observing each call could
   cost without that dispatch (a hook makes torch take its slow path through `_call_impl`);
+- a global forward hook written in C++ (cpp_hook.cpp, built here against the installed torch,
+  ~25 s once; left out, with the reason, without a compiler or torch's headers) making the
+  recorder's dense row of each output: what the same work costs without Python-level tensor
+  calls in the hook's body, the way further docs/speed.md describes;
 - the floor: a hook taking one `x.sum()` per output;
 - `inspect(model)`, full statistics, with the one-pass kernel built and without it (torch
   reductions, what the first steps pay while it builds);
@@ -36,7 +40,9 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,6 +50,13 @@ from torch.nn.modules.module import register_module_forward_hook
 
 import singlecard_nb as scn
 from singlecard_nb.inspection.kernel import native
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cpp_hook  # noqa: E402 - beside this script
+
+_global_forward_hooks_with_kwargs: dict = getattr(
+    sys.modules["torch.nn.modules.module"], "_global_forward_hooks_with_kwargs", {})
+CPP_ROW = "forward hook in C++, the same dense row (cpp_hook.cpp)"
 
 CALLS = 5000
 ROUNDS = 5
@@ -122,6 +135,22 @@ def main() -> None:
                 return best_cpu_time(lambda: model(x))
         return run
 
+    def hooked_in_cpp(built):
+        # the forward hook's dense path written in C++ (cpp_hook.cpp): the same kernel and
+        # checks, a row of the same metadata, no Python-level tensor calls
+        def run():
+            for index, module in enumerate(model.modules()):
+                built.add_target(module, index)
+            handle = register_module_forward_hook(built.hook, with_kwargs=True)
+            try:
+                return best_cpu_time(lambda: (built.next_step(), model(x)))
+            finally:
+                handle.remove()
+                _global_forward_hooks_with_kwargs.pop(handle.id, None)  # torch <= 2.13 keeps it
+                assert built.rows() == CALLS + 1, built.rows()  # every call made its row
+                built.forget()
+        return run
+
     variants = {
         "global forward hook doing nothing (torch's dispatch)": hooked(nothing),
         "nn.Module.__call__ wrapped, doing nothing": called_through_patch,
@@ -132,6 +161,11 @@ def main() -> None:
         "inspect_all(), the model found": found(),
         "inspect_all(every=10), the model found": found(every=10),
     }
+    built = cpp_hook.build()
+    if isinstance(built, str):
+        print(f"(no row for a hook in C++: {built})")
+    else:
+        variants[CPP_ROW] = hooked_in_cpp(built)
     best = {name: float("inf") for name in ["bare", *variants]}
     with torch.no_grad():
         model(x)
