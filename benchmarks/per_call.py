@@ -21,7 +21,10 @@ include the machine's noise. Rows, in µs added per module call over a bare forw
 - `inspect(model, every=10)` on an unrecorded step;
 - the same two found by `inspect_all()` instead of handed to `inspect()` (the finder is out of
   torch's table while a model it knows runs, so these should equal the rows above).
-A last line: code that calls no module (tensor arithmetic) under `inspect_all()`, as a ratio.
+A line: code that calls no module (tensor arithmetic) under `inspect_all()`, as a ratio. With the
+C++ hook built, a table of a training step of 100 × Linear 64×64: µs per module call of its
+forward row, of that row and its output gradient's row made by a C++ tensor hook (which autograd
+calls without Python), beside a Python tensor hook that does nothing and the recorder's own.
 
 Then, per model (100 × Linear(64, 64) on 32×64, 100 × LayerNorm(64), 100 × GELU, and the
 5 000-module mlp5000), the three costs of a training step (SGD), in µs, best of interleaved
@@ -179,6 +182,65 @@ def main() -> None:
     for name in variants:
         print(f"{name:<56} {(best[name] - best['bare']) / CALLS * 1e6:6.2f}")
     no_module()
+    if not isinstance(built, str):
+        gradients_in_cpp(built)
+
+
+def gradients_in_cpp(built) -> None:
+    """A training step of 100 × Linear 64×64 (batch 32): µs per module call over a bare step,
+    with the C++ hook's rows (forward; forward and its output's gradient, from a C++ tensor
+    hook) beside a Python tensor hook that does nothing and the recorder's own."""
+    model, x = shape_models()["Linear 64x64"]
+    calls = sum(1 for _ in model.modules())
+    for index, module in enumerate(model.modules()):
+        built.add_target(module, index)
+
+    def step() -> None:
+        built.next_step()
+        model(x).sum().backward()
+        for p in model.parameters():
+            p.grad = None
+
+    def with_hook(hook, with_kwargs: bool = False, grads: bool = False):
+        def run():
+            built.record_grads(grads)
+            handle = register_module_forward_hook(hook, with_kwargs=with_kwargs)
+            try:
+                return best_cpu_time(step, 15)
+            finally:
+                handle.remove()
+                _global_forward_hooks_with_kwargs.pop(handle.id, None)
+        return run
+
+    def python_tensor_hook(module, args, output):
+        if type(output) is torch.Tensor and output.requires_grad:
+            output.register_hook(lambda grad: None)
+
+    def inspected(**options):
+        def run():
+            with scn.inspect(model, max_rows=10**7, **options):
+                step()
+                return best_cpu_time(step, 15)
+        return run
+
+    variants = {
+        "bare": lambda: best_cpu_time(step, 15),
+        "global forward hook doing nothing": with_hook(lambda module, args, output: None),
+        "C++: the forward row": with_hook(built.hook, True),
+        "C++: the forward row and its gradient's row": with_hook(built.hook, True, True),
+        "Python tensor hook doing nothing, on each output": with_hook(python_tensor_hook),
+        "inspect(model)": inspected(),
+        "inspect(model, grads=True) (+2 parameter gradients)": inspected(grads=True),
+    }
+    best = {name: float("inf") for name in variants}
+    for _ in range(ROUNDS):
+        for name, run in variants.items():
+            best[name] = min(best[name], run())
+    built.forget()
+    print(f"training step of 100 × Linear 64x64, batch 32 ({best['bare'] * 1e3:.2f} ms bare): "
+          "µs added per module call")
+    for name in list(variants)[1:]:
+        print(f"  {name:<54} {(best[name] - best['bare']) / calls * 1e6:6.2f}")
 
 
 def no_module() -> None:
