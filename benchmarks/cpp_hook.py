@@ -13,7 +13,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -23,18 +22,22 @@ from types import ModuleType
 import torch
 
 import singlecard_nb.inspection.kernel as kernel_package
+from singlecard_nb.inspection.kernel import build as kernel_build
 
 SOURCE = Path(__file__).with_name("cpp_hook.cpp")
 KERNEL = Path(kernel_package.__file__).with_name("onepass.c")
 
 
 def build() -> ModuleType | str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    try:
+        cc = kernel_build.compiler()  # the kernel's own: $CC, cc, gcc or clang
+    except RuntimeError as e:
+        return str(e)
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     torch_dir = Path(torch.__file__).parent
     include = torch_dir / "include"
-    if not (cc and cxx):
-        return "no C and C++ compiler on PATH"
+    if not cxx:
+        return "no C++ compiler found (looked for $CXX, g++, c++)"
     if not (include / "torch" / "extension.h").exists():
         return f"this torch ({torch.__version__}) ships no C++ headers"
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
@@ -55,7 +58,7 @@ def build() -> ModuleType | str:
              f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(folder / f"tmp{suffix}")],
         ]
         for command in commands:
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = kernel_build.run_compiler(command, kernel_build.COMPILE_TIMEOUT_S)
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
                 return f"the build failed: {last}"

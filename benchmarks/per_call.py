@@ -81,6 +81,17 @@ def best_cpu_time(fn, repeat: int = 7) -> float:
     return min(times)
 
 
+def best_under_global_hook(hook, fn, repeat: int = 7, with_kwargs: bool = False) -> float:
+    """best_cpu_time(fn) with `hook` as torch's global forward hook, taken out after (also
+    its with_kwargs flag, which torch <= 2.13's handle leaves behind)."""
+    handle = register_module_forward_hook(hook, with_kwargs=with_kwargs)
+    try:
+        return best_cpu_time(fn, repeat)
+    finally:
+        handle.remove()
+        _global_forward_hooks_with_kwargs.pop(handle.id, None)
+
+
 def main() -> None:
     torch.set_num_threads(1)  # one thread: the per-call path, not the thread pool, is measured
     native.wait(120)
@@ -94,14 +105,7 @@ def main() -> None:
         kept.append(output.sum())
 
     def hooked(hook):
-        def run():
-            handle = register_module_forward_hook(hook)
-            try:
-                best = best_cpu_time(lambda: (model(x), kept.clear()))
-            finally:
-                handle.remove()
-            return best
-        return run
+        return lambda: best_under_global_hook(hook, lambda: (model(x), kept.clear()))
 
     def called_through_patch():
         # what observing every module call could cost without torch's hook dispatch: a
@@ -144,12 +148,10 @@ def main() -> None:
         def run():
             for index, module in enumerate(model.modules()):
                 built.add_target(module, index)
-            handle = register_module_forward_hook(built.hook, with_kwargs=True)
             try:
-                return best_cpu_time(lambda: (built.next_step(), model(x)))
+                return best_under_global_hook(built.hook, lambda: (built.next_step(), model(x)),
+                                              with_kwargs=True)
             finally:
-                handle.remove()
-                _global_forward_hooks_with_kwargs.pop(handle.id, None)  # torch <= 2.13 keeps it
                 assert built.rows() == CALLS + 1, built.rows()  # every call made its row
                 built.forget()
         return run
@@ -204,12 +206,7 @@ def gradients_in_cpp(built) -> None:
     def with_hook(hook, with_kwargs: bool = False, grads: bool = False):
         def run():
             built.record_grads(grads)
-            handle = register_module_forward_hook(hook, with_kwargs=with_kwargs)
-            try:
-                return best_cpu_time(step, 15)
-            finally:
-                handle.remove()
-                _global_forward_hooks_with_kwargs.pop(handle.id, None)
+            return best_under_global_hook(hook, step, 15, with_kwargs)
         return run
 
     def python_tensor_hook(module, args, output):

@@ -10,6 +10,7 @@ listening port and no rank command line is left.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -485,13 +486,14 @@ def test_losses_are_torchruns(ip, launched, tmp_path, capsys, script, ranks, arg
     # torchrun first, then ours: side by side, a port one job picked and let go can be taken by
     # the other's connections before it is bound again (seen once under load: torchrun's rank 1
     # died of SIGABRT while ours ran beside it)
-    theirs = subprocess.run(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+    run_theirs = functools.partial(subprocess.run, _torchrun(ranks, *command), env=env,
+                                   cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=240)
+    theirs = run_theirs()
     if reference == "plain" and theirs.returncode != 0 and _killed_by_a_signal(theirs.stdout):
         # torch's own gloo, without us, aborting a rank (SIGABRT at teardown, seen in 2 full
         # suites under load): the reference is run once more; ours gets no second try
-        theirs = subprocess.run(_torchrun(ranks, *command), env=env, cwd=tmp_path, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+        theirs = run_theirs()
     text = theirs.stdout
     assert theirs.returncode == 0, text[-4000:]
     ip.run_cell(f"%singlecard cpu --ranks {ranks}")
