@@ -154,7 +154,7 @@ def run_job(script: Union[str, Path], steps: int, trap: bool = False, seed: int 
     try:
         sys.argv = [script, "--steps", str(steps)]
         try:
-            with contextlib.redirect_stdout(out):
+            with contextlib.redirect_stdout(out), _gloo_threads_get_the_gil():
                 runpy.run_path(script, run_name="__main__")
         except SystemExit as e:
             if e.code not in (None, 0):
@@ -212,6 +212,34 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _gloo_threads_get_the_gil():
+    """`dist.destroy_process_group()` lets the GIL go for 5 ms first, while a corpus job runs.
+
+    torch 2.13's backward stashes a Python object (a copy of the contextvars) in the thread-local
+    state that each gloo work captures, and a gloo thread needs the GIL to drop it when the work
+    ends. A DDP script that destroys its group right after its last step and then frees its
+    model runs the group's destructor, which joins those threads, with the GIL held: a deadlock
+    in torch and gloo alone (200 such jobs in one process, no singlecard_nb: 2 of 3 runs hung
+    on torch 2.13, none on 2.15 or 2.6; none of 4 with this). The full suite hung in this file
+    that way twice (bug_no_zero_grad, bug_lr_too_high), main() returning after the destroy."""
+    import time
+
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+
+    def destroy(*args, **kwargs):
+        time.sleep(0.005)  # without the GIL: the gloo threads drop the works they hold
+        return original(*args, **kwargs)
+
+    dist.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = original
 
 
 def _destroy_process_group() -> None:
