@@ -35,7 +35,12 @@ rounds, each step's flush included:
 - params: added per parameter tensor by `params=True` to a step with `grads=True`, beside a
   plain `p.detach().clone()` of each (the copy Δw needs, the least it can cost).
 
+Last, the accelerator path: torch operations dispatched per module output read on a device
+(counted on "meta", which dispatches what a GPU would), with the CPU time per output on CUDA
+where there is one, and the same operations' overhead on 16-value CPU tensors.
+
     .venv/bin/python benchmarks/per_call.py --shapes-only   # only that table (~1 min)
+    .venv/bin/python benchmarks/per_call.py --device-path   # only the accelerator path (5 s)
 """
 
 from __future__ import annotations
@@ -341,14 +346,91 @@ def shape_costs(model: nn.Module, x: torch.Tensor, params: list, rounds: int) ->
     return best
 
 
+def _device_step(xs: list, shape: tuple, device: str) -> None:
+    """One step's reads of `xs` on the accelerator path, and its collection."""
+    from singlecard_nb.inspection.kernel.stats import StepStats
+
+    step_stats = StepStats(kernels={})
+    for x in xs:
+        step_stats.add(x, shape)
+    try:
+        step_stats.collect()
+    except NotImplementedError:  # meta: no data to move to the host; the rest ran
+        pass
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_path(rounds: int = 5) -> None:
+    """What reading one module output costs the CPU on an accelerator: torch operations
+    dispatched per tensor, for a step of 100 outputs (the step's collection included), and on
+    CUDA where there is one the CPU time per tensor (synchronised, with the transfer to the
+    host). Each operation is a kernel launch, a few µs of CPU time whatever the tensor's size;
+    the "meta" device dispatches the same operations without a GPU, so the count is taken
+    there on every machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from singlecard_nb.inspection.kernel.reductions import DeviceRows
+
+    class Counted(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    devices = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+    tensors = 100
+    print(f"the accelerator path, a step of {tensors} module outputs read "
+          "(StepStats.add, then the step's collection)")
+    print(f"{'device':<6} {'output':<24} {'ops/tensor':>10} {'µs/tensor':>10}")
+    for device in devices:
+        for label, shape in (("large (8×64×128 float32)", (8, 64, 128)),
+                             ("small (64×64, staged)", (64, 64))):
+            xs = [torch.randn(shape, device=device) for _ in range(tensors)]
+
+            step = functools.partial(_device_step, xs, shape, device)
+            step()
+            with Counted() as counted:
+                step()
+            # meta's kernels are partly Python (torch._meta_registrations): its time is no
+            # stand-in for a launch's, its count of operations is
+            per_tensor = "-" if device == "meta" else (
+                f"{min(best_cpu_time(step, repeat=3) for _ in range(rounds)) / tensors * 1e6:.2f}")
+            print(f"{device:<6} {label:<24} {counted.ops / tensors:10.2f} {per_tensor:>10}")
+    # the same operations (DeviceRows, as StepStats runs them for an accelerator's tensor) on
+    # 16-value CPU tensors, where only their overhead counts: a CPU-time stand-in for a GPU's
+    tiny = [torch.randn(16) for _ in range(tensors)]
+
+    def overhead():
+        rows = DeviceRows(False, torch.device("cpu"))
+        for slot, x in enumerate(tiny):
+            rows.add(x, 16, slot)
+        rows.table()
+
+    with Counted() as counted:
+        overhead()
+    best = min(best_cpu_time(overhead, repeat=3) for _ in range(rounds))
+    print(f"{'cpu':<6} {'16 values, overhead only':<24} {counted.ops / tensors:10.2f} "
+          f"{best / tensors * 1e6:10.2f}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes-only", action="store_true",
                         help="only the per-model table of forward, backward and params costs")
+    parser.add_argument("--device-path", action="store_true",
+                        help="only the table of the accelerator path (a minute or less)")
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
     torch.set_num_threads(1)
     native.wait(120)
+    if options.device_path:
+        device_path()
+        sys.exit()
     if not options.shapes_only:
         main()
     per_shape(options.rounds)
+    device_path()

@@ -15,6 +15,7 @@ Each check runs in a fresh Python process, because whether CUDA has started is p
 - inspection on the GPU: benchmarks/bench.py's ratios for two models (full statistics against
   the floor of one x.sum() per output, training steps, every=10) and the device->host
   synchronisations of one inspected step (target: one);
+- the accelerator path's cost per module output (benchmarks/per_call.py --device-path);
 - then the tests marked `gpu` run under pytest,
 - and then the whole suite (`pytest -m "not gpu"`: everything else, on a machine whose torch
   has CUDA and a GPU; not yet timed on a GPU machine, about 8 minutes on a 2-core CPU box).
@@ -270,6 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         return all(ok for ok, _ in lines), "\n       ".join(line for _, line in lines)
 
     check("inspection on the GPU: bench ratios and synchronisations per step", inspect_on_gpu)
+
+    def device_path():
+        """benchmarks/per_call.py --device-path on the chosen card: the operations and CPU time
+        of each module output inspection reads there (issue 40's per-call cost on a GPU)."""
+        environ = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+        done = subprocess.run([sys.executable, "benchmarks/per_call.py", "--device-path"],
+                              env=environ, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        rows = [line for line in done.stdout.splitlines() if line.startswith("cuda ")]
+        return done.returncode == 0 and len(rows) == 2, "\n       ".join(
+            rows or [done.stderr.strip()[-500:]])
+
+    check("the accelerator path: operations and µs per module output", device_path)
 
     def pytest(marker: str, timeout: int):
         """The tests selected by `marker`: (passed, pytest's closing line)."""

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection.kernel import native, readable, stats
-from singlecard_nb.inspection.kernel.reductions import VALUES, finish
+from singlecard_nb.inspection.kernel import native, readable, reductions, stats
+from singlecard_nb.inspection.kernel.reductions import RAW, VALUES, DeviceRows, finish
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +235,92 @@ def test_finish_turns_raw_rows_into_values():
     assert got[0].tolist() == [3.0, 2.0, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0]
     assert got[1].tolist() == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
 
+
+
+def device_row(x: torch.Tensor, exact_std: bool = False) -> torch.Tensor:
+    """RAW of `x` read alone by the accelerator path (run here on the CPU: the same
+    operations)."""
+    rows = DeviceRows(exact_std, x.device)
+    rows.add(x, x.numel(), 0)
+    return rows.table()[1][0]
+
+
+def test_accelerator_formulas_agree_with_the_cpu_path():
+    # The GPU path (all counts on the device, float64 sums) runs here on CPU tensors: same values.
+    torch.manual_seed(5)
+    x = torch.randn(300, 500) * 4 - 1
+    x[:3] = 0.0
+    x[5, 5] = math.nan
+    x[6, 6] = math.inf
+    n = np.array([x.numel()])
+
+    def values(raw):
+        return finish(np.array([raw], dtype=np.float64), n)[0].tolist()
+
+    on_device = values(device_row(x).tolist())
+    on_cpu = values(reductions.reduce_cpu(x, x.numel(), exact_std=False))
+    finite = x[torch.isfinite(x)].double()
+    assert on_device[5:7] == [1.0, 1.0] and on_cpu[5:7] == [1, 1]
+    assert on_device[7] == pytest.approx(on_cpu[7]) == pytest.approx(1500 / x.numel())
+    clean = torch.where(torch.isfinite(x), x, torch.zeros(()))
+    for exact_std in (False, True):
+        on_device = values(device_row(clean, exact_std).tolist())
+        assert on_device[0] == pytest.approx(clean.double().mean().item(), rel=1e-9)
+        assert on_device[1] == pytest.approx(clean.double().std().item(), rel=1e-9)
+        assert on_device[2:5] == [finite.min().item(), finite.max().item(),
+                                  finite.abs().max().item()]
+
+
+@pytest.mark.parametrize("exact_std", [False, True])
+def test_a_steps_accelerator_rows_are_made_together_each_its_own_tensors(exact_std):
+    # A step's rows on a device are made at its end, all at once: each must still be the row of
+    # its own tensor, in the order of its slot, whatever the dtypes (stacked together), with
+    # the staged small tensors' table after them.
+    torch.manual_seed(1)
+    tensors = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = (torch.randn(20_001, dtype=torch.float64) * 3 + 0.5).to(dtype)
+        x[::7] = 0
+        broken = x.clone()
+        broken[3], broken[4] = math.nan, -math.inf
+        tensors += [x, broken, torch.full((5,), 2.5, dtype=dtype)]
+    rows = DeviceRows(exact_std, torch.device("cpu"))
+    slots = [3 * i + 10 for i in range(len(tensors))]
+    for slot, x in zip(slots, tensors):
+        rows.add(x, x.numel(), slot)
+    small = torch.randn(2, 16)
+    rows.tables.append(([0, 1], reductions.reduce_rows(small)))
+    got_slots, table = rows.table()
+    assert got_slots == [*slots, 0, 1]
+    want = torch.stack([device_row(x, exact_std) for x in tensors]
+                       + list(reductions.reduce_rows(small)))
+    assert table.dtype == torch.float64 and table.shape == (len(tensors) + 2, len(RAW))
+    # the same to the bit (NaN where NaN)
+    assert ((table.view(torch.int64) == want.view(torch.int64)) | (table.isnan() & want.isnan())
+            ).all()
+
+
+def test_reading_an_accelerator_tensor_dispatches_nine_operations_and_its_step_a_few():
+    # Each torch operation is a kernel launch, microseconds of the CPU's time on a GPU whatever
+    # the tensor's size: this is what a module call with a large output costs there. The
+    # "meta" device dispatches what a GPU would, without one. Rows made one by one took 17.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counted(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    outputs = [torch.empty(8, 64, 128, device="meta") for _ in range(50)]
+    with Counted() as counted:
+        step = stats.StepStats(kernels={})
+        for x in outputs:
+            step.add(x, tuple(x.shape))
+        with pytest.raises(NotImplementedError):  # meta: the one transfer has no data to move
+            step.collect()
+    assert counted.ops <= 9 * len(outputs) + 16, counted.ops  # and a few for the step's table
 
 
 def test_a_step_never_shows_an_earlier_steps_statistics(kernels):

@@ -101,21 +101,58 @@ def reduce_cpu(v: torch.Tensor, n: int, exact_std: bool) -> tuple:
     return lo, hi, shift, s1, s2, 0, 0, nonzero
 
 
-def reduce_on_device(v: torch.Tensor, n: int, exact_std: bool, zero: torch.Tensor) -> torch.Tensor:
-    """RAW of an accelerator tensor as a float64 vector on its device: nothing is read,
-    so all counts are taken (no synchronisation) and sums accumulate in float64. `zero`: a
-    0-dim float64 zero on that device (kept by the caller: one per device)."""
-    f64 = wide(v.device)
-    lo, hi = torch.aminmax(v)
-    counts = torch.stack([torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)])
-    if exact_std:
-        shift = v.sum(dtype=f64) / n
-        centred = v.to(f64) - shift
-        sums = torch.stack([shift, centred.sum(), torch.linalg.vector_norm(centred).square()])
-    else:
-        sums = torch.stack([zero, v.sum(dtype=f64),
-                            torch.linalg.vector_norm(v, dtype=f64).square()])
-    return torch.cat([torch.stack([lo, hi]).to(f64), sums, counts.to(f64)])
+class DeviceRows:
+    """RAW rows of one step's accelerator tensors, left on their device until the step is
+    collected, where they become one [k, 8] float64 table (one transfer to the host).
+
+    A tensor is read by 8 torch operations (`add`); its row is not made there but with every
+    other tensor's at `table`, a few operations a step. Each operation is a kernel launch that
+    costs the CPU a few microseconds whatever the tensor's size, so this is the cost of a module
+    call with a large output on a GPU: 16 operations a tensor when each made its own row
+    (stacks, conversions, a square, a concatenation), 8 now, with the same rows to the bit.
+    Nothing is read, so nothing synchronises, and every count is taken; sums are float64.
+
+    """
+
+    __slots__ = ("exact_std", "zero", "slots", "extremes", "sums", "counts", "tables")
+
+    def __init__(self, exact_std: bool, device: torch.device):
+        self.exact_std = exact_std
+        # the shift of every row whose sums are not centred
+        self.zero = torch.zeros((), dtype=wide(device), device=device)
+        self.slots: list[int] = []  # of the tensors read by `add`, in order
+        self.extremes: list[torch.Tensor] = []  # min, max of each, in its dtype
+        self.sums: list[torch.Tensor] = []  # shift, s1 and the norm (s2's root) of each
+        self.counts: list[torch.Tensor] = []  # NaN, Inf and non-zero counts of each
+        self.tables: list[tuple[list[int], torch.Tensor]] = []  # small tensors' [k, 8] rows
+
+    def add(self, v: torch.Tensor, n: int, slot: int) -> None:
+        """Read `v` (a real floating tensor of `n` > 0 elements) as the row of `slot`."""
+        f64 = wide(v.device)
+        self.extremes += torch.aminmax(v)
+        self.counts += (torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v))
+        if self.exact_std:
+            shift = v.sum(dtype=f64) / n
+            centred = v.to(f64) - shift
+            self.sums += (shift, centred.sum(), torch.linalg.vector_norm(centred))
+        else:
+            self.sums += (self.zero, v.sum(dtype=f64), torch.linalg.vector_norm(v, dtype=f64))
+        self.slots.append(slot)
+
+    def table(self) -> tuple[list[int], torch.Tensor]:
+        """(slots, their RAW rows as one [k, 8] tensor on the device) of everything added."""
+        slots, parts = [], []
+        if self.slots:
+            f64 = self.sums[0].dtype
+            sums = torch.stack(self.sums).view(-1, 3)
+            sums[:, 2].square_()  # norms to sums of squares
+            parts.append(torch.cat([torch.stack(self.extremes).to(f64).view(-1, 2), sums,
+                                    torch.stack(self.counts).to(f64).view(-1, 3)], dim=1))
+            slots += self.slots
+        for table_slots, table in self.tables:
+            parts.append(table)
+            slots += table_slots
+        return slots, torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def reduce_rows(m: torch.Tensor) -> torch.Tensor:

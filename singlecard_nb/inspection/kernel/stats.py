@@ -20,8 +20,9 @@ How a tensor is read (costs measured on a 2-core CPU, see benchmarks/README.md):
                         SMALL_NUMEL values are copied (an activation is never referenced after
                         its hook), grouped by shape and reduced together when the step is
                         collected, with the two-pass variance.
-    GPU tensors         torch reductions on the device, sums in float64, every count taken on
-                        the device; all of a step's raw rows reach the host in one transfer.
+    GPU tensors         torch reductions on the device (8 operations, `DeviceRows`), sums in
+                        float64, every count taken on the device; a step's rows are made on the
+                        device at its end, together, and reach the host in one transfer.
 
 Which tensors can be read, and how (a subclass's data, one dense block), is `readable.py`; the
 RAW rows become VALUES in `values.py`.
@@ -51,11 +52,10 @@ from .reductions import (
     EMPTY,
     FLOAT64_SQUARES_FIT,
     RAW,
+    DeviceRows,
     finish,
     reduce_cpu,
-    reduce_on_device,
     reduce_rows,
-    wide,
 )
 from .staging import Staging
 
@@ -93,9 +93,8 @@ class StepStats:
         self._tables: list[tuple[list[int], np.ndarray]] = []  # many slots' RAW at once
         self._small: dict[tuple, Staging] = {}  # (device, dtype, shape) -> deferred copies
         self._small_bytes = 0
-        # RAW on an accelerator: device -> (slots, [RAW] vectors or [k, RAW] tables)
-        self._on_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
-        self._zero: dict[torch.device, torch.Tensor] = {}
+        # RAW rows on an accelerator until `collect`, by device
+        self._on_device: dict[torch.device, DeviceRows] = {}
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
         self.kernels = self._kernels  # read by the recorder's path for plain CPU tensors
         self._build = kernels is None  # the first CPU tensor starts building the kernels
@@ -149,11 +148,11 @@ class StepStats:
                 # 0, where squares never leave float64's range: no range to check
                 self._check_range(slot, v)
         elif immediate:  # the trap reads at once: this synchronises, as documented
-            self._raw[slot] = tuple(self._reduce_on_device(v, n).tolist())
+            rows = DeviceRows(self.exact_std, v.device)
+            rows.add(v, n, slot)
+            self._raw[slot] = tuple(rows.table()[1][0].tolist())
         else:
-            slots, vectors = self._on_device.setdefault(v.device, ([], []))
-            slots.append(slot)
-            vectors.append(self._reduce_on_device(v, n))
+            self._rows_on(v.device).add(v, n, slot)
         return slot
 
     def add_dense(self, t: torch.Tensor, n: int, kernel: native.Kernel) -> int:
@@ -253,9 +252,9 @@ class StepStats:
     def collect(self) -> None:
         """Reduce deferred tensors and move results to the host: one transfer per device."""
         self._reduce_small()
-        for slots, tables in self._on_device.values():
-            rows = torch.cat([table.view(-1, len(RAW)) for table in tables])
-            self._tables.append((slots, rows.to("cpu").numpy()))
+        for rows in self._on_device.values():
+            slots, table = rows.table()
+            self._tables.append((slots, table.to("cpu").numpy()))
         self._on_device = {}
 
     # --- reductions -----------------------------------------------------------------------
@@ -267,11 +266,11 @@ class StepStats:
             self._chunks.append((rows, rows.ctypes.data))  # one append: pairs stay together
         return self._chunks[chunk][1] + (slot & _CHUNK_MASK) * _ROW_BYTES
 
-    def _reduce_on_device(self, v: torch.Tensor, n: int) -> torch.Tensor:
-        zero = self._zero.get(v.device)
-        if zero is None:
-            zero = self._zero[v.device] = torch.zeros((), dtype=wide(v.device), device=v.device)
-        return reduce_on_device(v, n, self.exact_std, zero)
+    def _rows_on(self, device: torch.device) -> DeviceRows:
+        rows = self._on_device.get(device)
+        if rows is None:
+            rows = self._on_device[device] = DeviceRows(self.exact_std, device)
+        return rows
 
     def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
         dtype = x.dtype
@@ -293,8 +292,6 @@ class StepStats:
             if device.type == "cpu":
                 self._tables.append((staging.slots, table.numpy()))
             else:  # stays on the device until `collect` moves everything at once
-                pending_slots, tables = self._on_device.setdefault(device, ([], []))
-                pending_slots.extend(staging.slots)
-                tables.append(table)
+                self._rows_on(device).tables.append((staging.slots, table))
         self._small = {}
         self._small_bytes = 0
