@@ -64,6 +64,10 @@ DEFER_BYTES_LIMIT = 64 << 20  # deferred copies are reduced early beyond this (b
 _CHUNK_BITS = 10  # the kernel's RAW rows come in chunks of 1024
 _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _ROW_BYTES = 8 * 8  # len(RAW) float64
+# CPU tensors read as an accelerator's are (torch reductions left where they are, small tensors
+# staged, the step's rows made at its end, one transfer): set by tests, with the kernels off,
+# so that the path a GPU takes runs where there is none (tests/test_accelerator_path.py)
+CPU_AS_ACCELERATOR = False
 
 
 def finish_rows(raw: np.ndarray, numel: np.ndarray, exact: Sequence) -> np.ndarray:
@@ -111,7 +115,7 @@ class StepStats:
         if n == 0:
             return slot  # an empty tensor has a shape but no statistics (NaN row)
         self._numel[slot] = n
-        on_cpu = t.is_cpu
+        on_cpu = t.is_cpu and not CPU_AS_ACCELERATOR
         if on_cpu:  # one call of the kernel: ~1.5 us for a small tensor, one read for a large one
             kernel = self._kernels.get(t.dtype)
             if kernel is not None and not is_zerotensor(t):  # a ZeroTensor has no memory
@@ -288,8 +292,9 @@ class StepStats:
 
     def _reduce_small(self) -> None:
         for (device, _dtype, _shape), staging in self._small.items():
-            table = reduce_rows(staging.matrix())
-            if device.type == "cpu":
+            on_cpu = device.type == "cpu" and not CPU_AS_ACCELERATOR
+            table = reduce_rows(staging.matrix(), on_device=not on_cpu)
+            if on_cpu:
                 self._tables.append((staging.slots, table.numpy()))
             else:  # stays on the device until `collect` moves everything at once
                 self._rows_on(device).tables.append((staging.slots, table))
