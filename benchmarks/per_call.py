@@ -363,7 +363,8 @@ def _device_step(xs: list, shape: tuple, device: str) -> None:
 
 def device_path(rounds: int = 5) -> None:
     """What reading one module output costs the CPU on an accelerator: torch operations
-    dispatched per tensor, for a step of 100 outputs (the step's collection included), and on
+    that launch a kernel (views launch none) per tensor, for a step of 100 outputs (the step's
+    collection included), and on
     CUDA where there is one the CPU time per tensor (synchronised, with the transfer to the
     host). Each operation is a kernel launch, a few µs of CPU time whatever the tensor's size;
     the "meta" device dispatches the same operations without a GPU, so the count is taken
@@ -378,14 +379,14 @@ def device_path(rounds: int = 5) -> None:
             self.ops = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
+            self.ops += not func.is_view  # a view (detach) launches no kernel
             return func(*args, **(kwargs or {}))
 
     devices = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
     tensors = 100
     print(f"the accelerator path, a step of {tensors} module outputs read "
           "(StepStats.add, then the step's collection)")
-    print(f"{'device':<6} {'output':<24} {'ops/tensor':>10} {'µs/tensor':>10}")
+    print(f"{'device':<6} {'output':<24} {'launches/tensor':>15} {'µs/tensor':>10}")
     for device in devices:
         for label, shape in (("large (8×64×128 float32)", (8, 64, 128)),
                              ("small (64×64, staged)", (64, 64))):
@@ -399,7 +400,7 @@ def device_path(rounds: int = 5) -> None:
             # stand-in for a launch's, its count of operations is
             per_tensor = "-" if device == "meta" else (
                 f"{min(best_cpu_time(step, repeat=3) for _ in range(rounds)) / tensors * 1e6:.2f}")
-            print(f"{device:<6} {label:<24} {counted.ops / tensors:10.2f} {per_tensor:>10}")
+            print(f"{device:<6} {label:<24} {counted.ops / tensors:15.2f} {per_tensor:>10}")
     # the same operations (DeviceRows, as StepStats runs them for an accelerator's tensor) on
     # 16-value CPU tensors, where only their overhead counts: a CPU-time stand-in for a GPU's
     tiny = [torch.randn(16) for _ in range(tensors)]
@@ -413,7 +414,7 @@ def device_path(rounds: int = 5) -> None:
     with Counted() as counted:
         overhead()
     best = min(best_cpu_time(overhead, repeat=3) for _ in range(rounds))
-    print(f"{'cpu':<6} {'16 values, overhead only':<24} {counted.ops / tensors:10.2f} "
+    print(f"{'cpu':<6} {'16 values, overhead only':<24} {counted.ops / tensors:15.2f} "
           f"{best / tensors * 1e6:10.2f}")
 
 

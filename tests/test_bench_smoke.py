@@ -130,13 +130,13 @@ def test_step_cost_inside_times_both_places_and_leaves_them_as_they_were():
 
 def test_per_call_device_path_counts_the_operations_of_an_accelerators_output():
     """`per_call.py --device-path` prints, per module output on an accelerator's path, the
-    operations dispatched (on "meta", without a GPU) and the overhead's CPU time; a count
-    back at the 17 operations a large output took before would show in its row."""
+    operations that launch a kernel (counted on "meta", without a GPU) and the overhead's CPU
+    time; a count back at the 15 a large output took before would show in its row."""
     p = subprocess.run([sys.executable, str(BENCH / "per_call.py"), "--device-path"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"per_call.py --device-path failed:\n{p.stdout}\n{p.stderr}"
     rows = {line.split()[0] + " " + line.split()[1]: line.split()[-2:]
             for line in p.stdout.splitlines() if line.startswith(("meta ", "cpu "))}
     assert set(rows) == {"meta large", "meta small", "cpu 16"}, p.stdout
-    assert float(rows["meta large"][0]) < 10, p.stdout
+    assert float(rows["meta large"][0]) < 9, p.stdout
     assert float(rows["cpu 16"][1]) > 0, p.stdout

@@ -300,17 +300,18 @@ def test_a_steps_accelerator_rows_are_made_together_each_its_own_tensors(exact_s
             ).all()
 
 
-def test_reading_an_accelerator_tensor_dispatches_nine_operations_and_its_step_a_few():
-    # Each torch operation is a kernel launch, microseconds of the CPU's time on a GPU whatever
-    # the tensor's size: this is what a module call with a large output costs there. The
-    # "meta" device dispatches what a GPU would, without one. Rows made one by one took 17.
+def test_reading_an_accelerator_tensor_launches_eight_operations_and_its_step_a_few():
+    # Each torch operation but a view is a kernel launch, microseconds of the CPU's time on a
+    # GPU whatever the tensor's size: this is what a module call with a large output costs
+    # there. The "meta" device dispatches what a GPU would, without one. Rows made one by one
+    # took 15.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counted(TorchDispatchMode):
         ops = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
+            self.ops += not func.is_view  # a view (detach) launches no kernel
             return func(*args, **(kwargs or {}))
 
     outputs = [torch.empty(8, 64, 128, device="meta") for _ in range(50)]
@@ -320,7 +321,7 @@ def test_reading_an_accelerator_tensor_dispatches_nine_operations_and_its_step_a
             step.add(x, tuple(x.shape))
         with pytest.raises(NotImplementedError):  # meta: the one transfer has no data to move
             step.collect()
-    assert counted.ops <= 9 * len(outputs) + 16, counted.ops  # and a few for the step's table
+    assert counted.ops <= 8 * len(outputs) + 16, counted.ops  # and a few for the step's table
 
 
 def test_a_step_never_shows_an_earlier_steps_statistics(kernels):

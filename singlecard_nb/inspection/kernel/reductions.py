@@ -108,10 +108,9 @@ class DeviceRows:
     A tensor is read by 8 torch operations (`add`); its row is not made there but with every
     other tensor's at `table`, a few operations a step. Each operation is a kernel launch that
     costs the CPU a few microseconds whatever the tensor's size, so this is the cost of a module
-    call with a large output on a GPU: 16 operations a tensor when each made its own row
-    (stacks, conversions, a square, a concatenation), 8 now, with the same rows to the bit.
+    call with a large output on a GPU: 15 a tensor when each made its own row (stacks,
+    conversions, a square, a concatenation), 8 now, with the same rows to the bit.
     Nothing is read, so nothing synchronises, and every count is taken; sums are float64.
-
     """
 
     __slots__ = ("exact_std", "zero", "slots", "extremes", "sums", "counts", "tables")
