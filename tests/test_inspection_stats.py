@@ -300,6 +300,27 @@ def test_a_steps_accelerator_rows_are_made_together_each_its_own_tensors(exact_s
             ).all()
 
 
+def test_an_accelerator_read_stopped_by_ctrl_c_leaves_the_steps_other_rows(monkeypatch):
+    # Ctrl-C lands inside a module's hook: that output has no row, and every other row of the
+    # step is still its own tensor's (a read half kept would shift or break them all)
+    x0, x1, x2 = (torch.randn(20_000) + i for i in range(3))
+    rows = DeviceRows(False, torch.device("cpu"))
+    rows.add(x0, x0.numel(), 0)
+    norm = torch.linalg.vector_norm
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.linalg, "vector_norm", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rows.add(x1, x1.numel(), 1)
+    monkeypatch.setattr(torch.linalg, "vector_norm", norm)
+    rows.add(x2, x2.numel(), 2)
+    slots, table = rows.table()
+    assert slots == [0, 2]
+    assert torch.equal(table, torch.stack([device_row(x0), device_row(x2)]))
+
+
 def test_reading_an_accelerator_tensor_launches_eight_operations_and_its_step_a_few():
     # Each torch operation but a view is a kernel launch, microseconds of the CPU's time on a
     # GPU whatever the tensor's size: this is what a module call with a large output costs

@@ -113,41 +113,44 @@ class DeviceRows:
     Nothing is read, so nothing synchronises, and every count is taken; sums are float64.
     """
 
-    __slots__ = ("exact_std", "zero", "slots", "extremes", "sums", "counts", "tables")
+    __slots__ = ("exact_std", "zero", "read", "tables")
 
     def __init__(self, exact_std: bool, device: torch.device):
         self.exact_std = exact_std
         # the shift of every row whose sums are not centred
         self.zero = torch.zeros((), dtype=wide(device), device=device)
-        self.slots: list[int] = []  # of the tensors read by `add`, in order
-        self.extremes: list[torch.Tensor] = []  # min, max of each, in its dtype
-        self.sums: list[torch.Tensor] = []  # shift, s1 and the norm (s2's root) of each
-        self.counts: list[torch.Tensor] = []  # NaN, Inf and non-zero counts of each
+        # (slot, min, max, shift, s1, norm, NaN, Inf, non-zero) of each tensor read by `add`, in
+        # order: 0-dim tensors on the device (min and max in the tensor's dtype, the sums in
+        # float64, the norm being s2's root, the counts int64)
+        self.read: list[tuple] = []
         self.tables: list[tuple[list[int], torch.Tensor]] = []  # small tensors' [k, 8] rows
 
     def add(self, v: torch.Tensor, n: int, slot: int) -> None:
         """Read `v` (a real floating tensor of `n` > 0 elements) as the row of `slot`."""
         f64 = wide(v.device)
-        self.extremes += torch.aminmax(v)
-        self.counts += (torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v))
+        lo, hi = torch.aminmax(v)
+        nan, inf, nonzero = torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)
         if self.exact_std:
             shift = v.sum(dtype=f64) / n
             centred = v.to(f64) - shift
-            self.sums += (shift, centred.sum(), torch.linalg.vector_norm(centred))
+            s1, norm = centred.sum(), torch.linalg.vector_norm(centred)
         else:
-            self.sums += (self.zero, v.sum(dtype=f64), torch.linalg.vector_norm(v, dtype=f64))
-        self.slots.append(slot)
+            shift, s1, norm = self.zero, v.sum(dtype=f64), torch.linalg.vector_norm(v, dtype=f64)
+        # one append: a Ctrl-C leaves the row whole or absent, never its parts out of step
+        self.read.append((slot, lo, hi, shift, s1, norm, nan, inf, nonzero))
 
     def table(self) -> tuple[list[int], torch.Tensor]:
         """(slots, their RAW rows as one [k, 8] tensor on the device) of everything added."""
         slots, parts = [], []
-        if self.slots:
-            f64 = self.sums[0].dtype
-            sums = torch.stack(self.sums).view(-1, 3)
-            sums[:, 2].square_()  # norms to sums of squares
-            parts.append(torch.cat([torch.stack(self.extremes).to(f64).view(-1, 2), sums,
-                                    torch.stack(self.counts).to(f64).view(-1, 3)], dim=1))
-            slots += self.slots
+        if self.read:
+            read_slots, lo, hi, shift, s1, norm, nan, inf, nonzero = zip(*self.read)
+            k, f64 = len(read_slots), shift[0].dtype
+            sums = torch.stack([*shift, *s1, *norm]).view(3, k)
+            sums[2].square_()  # norms to sums of squares
+            parts.append(torch.cat([torch.stack([*lo, *hi]).to(f64).view(2, k).T, sums.T,
+                                    torch.stack([*nan, *inf, *nonzero]).to(f64).view(3, k).T],
+                                   dim=1))
+            slots += read_slots
         for table_slots, table in self.tables:
             parts.append(table)
             slots += table_slots
