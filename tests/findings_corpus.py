@@ -216,23 +216,19 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _gloo_threads_get_the_gil():
-    """`dist.destroy_process_group()` lets the GIL go for 5 ms first, while a corpus job runs.
-
-    torch 2.13's backward stashes a Python object (a copy of the contextvars) in the thread-local
-    state that each gloo work captures, and a gloo thread needs the GIL to drop it when the work
-    ends. A DDP script that destroys its group right after its last step and then frees its
-    model runs the group's destructor, which joins those threads, with the GIL held: a deadlock
-    in torch and gloo alone (200 such jobs in one process, no singlecard_nb: 2 of 3 runs hung
-    on torch 2.13, none on 2.15 or 2.6; none of 4 with this). The full suite hung in this file
-    that way twice (bug_no_zero_grad, bug_lr_too_high), main() returning after the destroy."""
-    import time
-
+    """`dist.destroy_process_group()` lets the GIL go for 5 ms first, while a corpus job runs,
+    as single-card mode's own does (`groups.let_finished_works_go`, which says why): these jobs
+    form real gloo worlds of one, without single-card mode. The full suite hung in this file
+    twice (bug_no_zero_grad, bug_lr_too_high, torch 2.13), main() returning after the destroy;
+    200 such jobs in one process without singlecard_nb hung 2 of 3 runs, none of 4 with this."""
     import torch.distributed as dist
+
+    from singlecard_nb.parallel.groups import let_finished_works_go
 
     original = dist.destroy_process_group
 
     def destroy(*args, **kwargs):
-        time.sleep(0.005)  # without the GIL: the gloo threads drop the works they hold
+        let_finished_works_go()
         return original(*args, **kwargs)
 
     dist.destroy_process_group = destroy

@@ -495,6 +495,43 @@ def test_destroy_process_group_closes_the_gloo_listener_even_while_a_ddp_holds_t
     assert len(parallel.report()["listeners"]) == 1
 
 
+@pytest.mark.parametrize("ends", ["destroy_process_group", "single_card(False)"])
+def test_a_thread_waiting_for_the_gil_runs_before_the_group_is_destroyed(monkeypatch, ends):
+    # A backend thread frees a finished collective, and may need the GIL for it (a tensor
+    # Python made); the group's destructor joins that thread with the GIL held. Ending the group
+    # lets the GIL go first, so such a thread has run when torch destroys it: without that, a
+    # script ending in destroy_process_group() hung the kernel (FSDP1 under torch 2.6).
+    woke, go = threading.Event(), threading.Event()
+    seen: list[bool] = []
+    real = distributed_c10d.destroy_process_group
+
+    def torchs(group=None):  # torch's, as single-card mode's patch finds it
+        seen.append(woke.is_set())
+        return real(group)
+
+    monkeypatch.setattr(distributed_c10d, "destroy_process_group", torchs)
+    monkeypatch.setattr(dist, "destroy_process_group", torchs)
+    session.pin("cpu")
+    try:
+        dist.init_process_group("gloo", timeout=SHORT)
+        waiter = threading.Thread(target=lambda: (go.wait(), woke.set()))
+        waiter.start()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(10.0)  # this thread keeps the GIL unless it lets it go
+        try:
+            go.set()  # the waiter wakes and waits for the GIL, as a gloo thread freeing a work
+            if ends == "destroy_process_group":
+                dist.destroy_process_group()
+            else:
+                session.single_card(False)
+        finally:
+            sys.setswitchinterval(interval)
+        waiter.join(10)
+    finally:
+        session.release()
+    assert seen == [True]
+
+
 @needs_proc
 def test_ctrl_c_while_ddp_is_built_leaves_no_gloo_listener_after_off(monkeypatch):
     session.pin("cpu")
