@@ -404,9 +404,10 @@ def device_path(rounds: int = 5) -> None:
     # the same operations (DeviceRows, as StepStats runs them for an accelerator's tensor) on
     # 16-value CPU tensors, where only their overhead counts: a CPU-time stand-in for a GPU's
     tiny = [torch.randn(16) for _ in range(tensors)]
+    zero = torch.zeros((), dtype=torch.float64)  # StepStats keeps one per device
 
     def overhead():
-        rows = DeviceRows(False, torch.device("cpu"))
+        rows = DeviceRows(False, zero)
         for slot, x in enumerate(tiny):
             rows.add(x, 16, slot)
         rows.table()

@@ -236,11 +236,10 @@ def test_finish_turns_raw_rows_into_values():
     assert got[1].tolist() == [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
 
 
-
 def device_row(x: torch.Tensor, exact_std: bool = False) -> torch.Tensor:
     """RAW of `x` read alone by the accelerator path (run here on the CPU: the same
     operations)."""
-    rows = DeviceRows(exact_std, x.device)
+    rows = DeviceRows(exact_std, torch.zeros((), dtype=torch.float64))
     rows.add(x, x.numel(), 0)
     return rows.table()[1][0]
 
@@ -284,7 +283,7 @@ def test_a_steps_accelerator_rows_are_made_together_each_its_own_tensors(exact_s
         broken = x.clone()
         broken[3], broken[4] = math.nan, -math.inf
         tensors += [x, broken, torch.full((5,), 2.5, dtype=dtype)]
-    rows = DeviceRows(exact_std, torch.device("cpu"))
+    rows = DeviceRows(exact_std, torch.zeros((), dtype=torch.float64))
     slots = [3 * i + 10 for i in range(len(tensors))]
     for slot, x in zip(slots, tensors):
         rows.add(x, x.numel(), slot)
@@ -304,7 +303,7 @@ def test_an_accelerator_read_stopped_by_ctrl_c_leaves_the_steps_other_rows(monke
     # Ctrl-C lands inside a module's hook: that output has no row, and every other row of the
     # step is still its own tensor's (a read half kept would shift or break them all)
     x0, x1, x2 = (torch.randn(20_000) + i for i in range(3))
-    rows = DeviceRows(False, torch.device("cpu"))
+    rows = DeviceRows(False, torch.zeros((), dtype=torch.float64))
     rows.add(x0, x0.numel(), 0)
     norm = torch.linalg.vector_norm
 

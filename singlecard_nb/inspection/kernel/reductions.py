@@ -111,14 +111,15 @@ class DeviceRows:
     call with a large output on a GPU: 15 a tensor when each made its own row (stacks,
     conversions, a square, a concatenation), 8 now, with the same rows to the bit.
     Nothing is read, so nothing synchronises, and every count is taken; sums are float64.
+
+    zero: a 0-dim zero of `wide(device)` on the device, the shift of every row whose sums are
+        not centred (the caller keeps one per device: making it is a launch too).
     """
 
     __slots__ = ("exact_std", "zero", "read", "tables")
 
-    def __init__(self, exact_std: bool, device: torch.device):
-        self.exact_std = exact_std
-        # the shift of every row whose sums are not centred
-        self.zero = torch.zeros((), dtype=wide(device), device=device)
+    def __init__(self, exact_std: bool, zero: torch.Tensor):
+        self.exact_std, self.zero = exact_std, zero
         # (slot, min, max, shift, s1, norm, NaN, Inf, non-zero) of each tensor read by `add`, in
         # order: 0-dim tensors on the device (min and max in the tensor's dtype, the sums in
         # float64, the norm being s2's root, the counts int64)
@@ -127,7 +128,7 @@ class DeviceRows:
 
     def add(self, v: torch.Tensor, n: int, slot: int) -> None:
         """Read `v` (a real floating tensor of `n` > 0 elements) as the row of `slot`."""
-        f64 = wide(v.device)
+        f64 = self.zero.dtype
         lo, hi = torch.aminmax(v)
         nan, inf, nonzero = torch.isnan(v).sum(), torch.isinf(v).sum(), torch.count_nonzero(v)
         if self.exact_std:

@@ -56,6 +56,7 @@ from .reductions import (
     finish,
     reduce_cpu,
     reduce_rows,
+    wide,
 )
 from .staging import Staging
 
@@ -99,6 +100,7 @@ class StepStats:
         self._small_bytes = 0
         # RAW rows on an accelerator until `collect`, by device
         self._on_device: dict[torch.device, DeviceRows] = {}
+        self._zero: dict[torch.device, torch.Tensor] = {}  # DeviceRows' zero, by device
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
         self.kernels = self._kernels  # read by the recorder's path for plain CPU tensors
         self._build = kernels is None  # the first CPU tensor starts building the kernels
@@ -152,7 +154,7 @@ class StepStats:
                 # 0, where squares never leave float64's range: no range to check
                 self._check_range(slot, v)
         elif immediate:  # the trap reads at once: this synchronises, as documented
-            rows = DeviceRows(self.exact_std, v.device)
+            rows = DeviceRows(self.exact_std, self._zero_on(v.device))
             rows.add(v, n, slot)
             self._raw[slot] = tuple(rows.table()[1][0].tolist())
         else:
@@ -273,8 +275,14 @@ class StepStats:
     def _rows_on(self, device: torch.device) -> DeviceRows:
         rows = self._on_device.get(device)
         if rows is None:
-            rows = self._on_device[device] = DeviceRows(self.exact_std, device)
+            rows = self._on_device[device] = DeviceRows(self.exact_std, self._zero_on(device))
         return rows
+
+    def _zero_on(self, device: torch.device) -> torch.Tensor:
+        zero = self._zero.get(device)
+        if zero is None:
+            zero = self._zero[device] = torch.zeros((), dtype=wide(device), device=device)
+        return zero
 
     def _stage(self, x: torch.Tensor, shape: tuple, slot: int) -> None:
         dtype = x.dtype
