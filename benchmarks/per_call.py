@@ -35,12 +35,20 @@ rounds, each step's flush included:
 - params: added per parameter tensor by `params=True` to a step with `grads=True`, beside a
   plain `p.detach().clone()` of each (the copy Δw needs, the least it can cost).
 
+Then what the garbage collector takes (`--collector`): a training step of mlp5000 (SGD) bare, with
+`inspect(model)`, `grads=True` and `grads=True, params=True`, 30 steps each in turn: the mean
+step (thread CPU time, so a full collection, which the best-of rounds above leave out, counts)
+and, per step, the collections of the oldest generation and the ms spent in all collections.
+Objects that live through a step (a gradient hook, a parameter's copy) count for the collector
+as long-lived, and enough of them make it walk every object of the process.
+
 Last, the accelerator path: torch operations dispatched per module output read on a device
 (counted on "meta", which dispatches what a GPU would), with the CPU time per output on CUDA
 where there is one, and the same operations' overhead on 16-value CPU tensors.
 
     .venv/bin/python benchmarks/per_call.py --shapes-only   # only that table (~1 min)
     .venv/bin/python benchmarks/per_call.py --device-path   # only the accelerator path (5 s)
+    .venv/bin/python benchmarks/per_call.py --collector     # only the collector's table (1 min)
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import gc
 import sys
 import time
 from pathlib import Path
@@ -346,6 +355,57 @@ def shape_costs(model: nn.Module, x: torch.Tensor, params: list, rounds: int) ->
     return best
 
 
+def collector(steps: int = 30) -> None:
+    """Mean training step of mlp5000 per variant, with the collector's work per step."""
+    print(f"the garbage collector, mlp5000 training steps (SGD), mean of {steps}")
+    print(f"{'variant':<24} {'step ms':>8} {'full collections/step':>22} "
+          f"{'ms collecting/step':>19} {'µs/call over bare':>18}")
+    model, x = mlp5000()
+    calls = sum(1 for _ in model.modules())
+    spent = [0, 0.0]  # full collections, seconds in any collection
+    began = [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.thread_time()
+        else:
+            spent[0] += info["generation"] == 2
+            spent[1] += time.thread_time() - began[0]
+
+    bare_ms = None
+    for label, options in (("bare", None), ("inspect", {}), ("grads=True", {"grads": True}),
+                           ("grads, params=True", {"grads": True, "params": True})):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-6)
+
+        def step(m=m, opt=opt) -> None:
+            opt.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+            opt.step()
+
+        insp = scn.inspect(m, max_rows=10**6, **options) if options is not None else None
+        try:
+            for _ in range(3):
+                step()
+            gc.collect()
+            spent[:] = [0, 0.0]
+            gc.callbacks.append(timed)
+            try:
+                start = time.thread_time()
+                for _ in range(steps):
+                    step()
+                ms = (time.thread_time() - start) / steps * 1e3
+            finally:
+                gc.callbacks.remove(timed)
+        finally:
+            if insp is not None:
+                insp.stop()
+        bare_ms = ms if bare_ms is None else bare_ms
+        added = "-" if options is None else f"{(ms - bare_ms) / calls * 1e3:.2f}"
+        print(f"{label:<24} {ms:8.1f} {spent[0] / steps:22.2f} {spent[1] / steps * 1e3:19.1f} "
+              f"{added:>18}", flush=True)
+
+
 def _device_step(xs: list, shape: tuple, device: str) -> None:
     """One step's reads of `xs` on the accelerator path, and its collection."""
     from singlecard_nb.inspection.kernel.stats import StepStats
@@ -425,6 +485,8 @@ if __name__ == "__main__":
                         help="only the per-model table of forward, backward and params costs")
     parser.add_argument("--device-path", action="store_true",
                         help="only the table of the accelerator path (a minute or less)")
+    parser.add_argument("--collector", action="store_true",
+                        help="only the table of the garbage collector's work (a minute)")
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
     torch.set_num_threads(1)
@@ -432,7 +494,11 @@ if __name__ == "__main__":
         device_path()
         sys.exit()
     native.wait(120)
+    if options.collector:
+        collector()
+        sys.exit()
     if not options.shapes_only:
         main()
     per_shape(options.rounds)
+    collector()
     device_path()

@@ -82,11 +82,17 @@ class ParamTargets:
 
     def get(self, param: Any) -> tuple | None:
         """(target, name, module) of `param` itself, or None."""
-        found = self._by_id.get(id(param))
-        if found is None or found[0]() is not param:
-            return None
-        module = found[3]()
+        found = self.entry(param)
+        module = None if found is None else found[3]()
         return None if module is None else (found[1], found[2], module)
+
+    def entry(self, param: Any) -> tuple | None:
+        """(param, target, name, module), param and module as weak references, of `param`
+        itself while its module lives, or None: the tuple kept here, made once."""
+        found = self._by_id.get(id(param))
+        if found is None or found[0]() is not param or found[3]() is None:
+            return None
+        return found
 
     def __contains__(self, param: Any) -> bool:
         return self.get(param) is not None
@@ -165,18 +171,13 @@ class Snapshots:
                       f"not recorded: copying them before each optimiser step would take more "
                       f"than {self.budget >> 20} MiB. The ranking still sees their growth.")
 
-    def updates(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
-        """id(param) -> Δw since `take` of those of `params` copied (the copies are let go):
-        one foreach subtraction for all, the same values as one `-` each."""
-        pairs = [(p, self._before.pop(id(p))) for p in params if id(p) in self._before]
-        if not pairs:
-            return {}
-        # of detached tensors: no graph, no no_grad
-        after, before = [p.detach() for p, _ in pairs], [b for _, b in pairs]
-        foreach = getattr(torch, "_foreach_sub", None)  # private: a torch without it subtracts
-        diffs = foreach(after, before) if foreach is not None else [
-            a - b for a, b in zip(after, before)]
-        return {id(p): diff for (p, _), diff in zip(pairs, diffs)}
+    def holds(self, param: torch.Tensor) -> bool:
+        """Whether `take` copied `param` (and `update` has not yet let the copy go)."""
+        return id(param) in self._before
+
+    def update(self, param: torch.Tensor) -> torch.Tensor:
+        """Δw of `param` since `take` (which copied it); its copy is let go."""
+        return param.detach() - self._before.pop(id(param))  # detached: no graph, no no_grad
 
     def clear(self) -> None:
         self._before.clear()

@@ -21,14 +21,16 @@ class OptimizerRows:
     def __init__(self, recorder: Recorder, say: Callable[[str, str], None]):
         self._recorder = recorder
         self.snapshots = Snapshots(say)
-        # id(param) -> (its .grad, weakly; that grad's _version; the writes one step makes).
+        # id(param) -> its .grad, weakly, with that grad's _version and the writes one step
+        # makes (_GradSeen: one object a parameter, see there).
         # A fresh .grad (after set_to_none) shows how many writes a step makes to it (1
         # by backward; 2 under DDP, which copies in the reduced bucket; +1 for clipping or
         # unscale_): the same tensor exactly that many versions on at the next step took
         # one more backward pass and no zeroing (zero_() is one write more)
-        self._grads: dict[int, tuple] = {}
-        # id(optimizer) -> (the optimizer, weakly; its parameters of this model): found by
-        # before_step, used by after_step of the same step (one look-up per parameter, not four)
+        self._grads: dict[int, _GradSeen] = {}
+        # id(optimizer) -> (the optimizer, weakly; its parameters of this model, as _mine
+        # gives them): found by before_step, used by after_step of the same step (one look-up
+        # per parameter, not four)
         self._stepping: dict[int, tuple] = {}
 
     def before_step(self, optimizer, param_targets: ParamTargets) -> None:
@@ -39,7 +41,7 @@ class OptimizerRows:
         mine = _mine(optimizer, param_targets)
         if mine:
             self._stepping[id(optimizer)] = (weakref.ref(optimizer), mine)  # for after_step
-            self._recorder.guarded(self.snapshots.take, [entry[0] for entry in mine])
+            self._recorder.guarded(self.snapshots.take, [entry[0]() for entry in mine])
 
     def after_step(self, optimizer, param_targets: ParamTargets, buffer_modules: list) -> None:
         """The parameters `optimizer` updated (and the gradients it used, and Δw: "update");
@@ -69,8 +71,15 @@ class OptimizerRows:
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
         record = recorder.record_safely  # each row's failure said, never raised
-        updates = self.snapshots.updates([entry[0] for entry in mine])
-        for param, target, name, module in mine:
+        # parameter by parameter, Δw made and read and let go in turn: no tensor, tuple or list
+        # per parameter outlives its rows (recorder._GradHook says why that matters), and at
+        # most one Δw exists at a time (a foreach subtraction of all held a second copy of the
+        # parameters; on the CPU it cost the same per tensor)
+        for entry in mine:
+            param, module = entry[0](), entry[3]()
+            if param is None or module is None:
+                continue
+            target, name = entry[1], entry[2]
             key = ("param", id(param))  # an optimiser stepping twice in one step: call 0, 1
             call = calls.get(key, 0)
             calls[key] = call + 1
@@ -79,34 +88,58 @@ class OptimizerRows:
             grad = param.grad
             if grad is not None:
                 record(target, call, "step_grad", name, grad, training)
-            update = updates.get(id(param))
-            if update is not None:
-                record(target, call, "update", name, update, training)
+            if self.snapshots.holds(param):
+                recorder.guarded(self._record_update, target, call, name, param, training)
         self.snapshots.clear()
+
+    def _record_update(self, target, call: int, name: str, param, training: bool) -> None:
+        """The "update" row of `param`: Δw since its copy before the step (then let go)."""
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        update = self.snapshots.update(param)
+        self._recorder.record_safely(target, call, "update", name, update, training)
 
     def _carried(self, mine: list) -> set[int]:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:
         nothing zeroed it (the version check costs no device read)."""
         carried = set()
-        for entry in mine:  # (a starred target would make a list per parameter)
-            param = entry[0]
-            grad = param.grad
+        for entry in mine:
+            param = entry[0]()
+            grad = param.grad if param is not None else None
             if grad is None:
-                self._grads.pop(id(param), None)
+                if param is not None:
+                    self._grads.pop(id(param), None)
                 continue
             known = self._grads.get(id(param))
-            if known is not None and known[0]() is grad:
-                writes = known[2]
-                if grad._version - known[1] == writes:
+            if known is not None and known() is grad:
+                writes = known.writes
+                if grad._version - known.version == writes:
                     carried.add(id(param))
             else:  # a new tensor: one step's writes are its version now, plus its creation
                 writes = grad._version + 1
-            self._grads[id(param)] = (weakref.ref(grad), grad._version, writes)
+            self._grads[id(param)] = _GradSeen(grad, grad._version, writes)
         return carried
 
 
+class _GradSeen(weakref.ref):
+    """A parameter's .grad, weakly, with its `_version` and the writes one step makes to it.
+    One object where a tuple and a weak reference were two: each parameter's is made anew every
+    step, lives until the next one and so counts for the garbage collector as long-lived (see
+    recorder._GradHook)."""
+
+    __slots__ = ("version", "writes")
+
+    def __new__(cls, grad, version: int, writes: int):
+        return super().__new__(cls, grad)
+
+    def __init__(self, grad, version: int, writes: int):
+        super().__init__(grad)
+        self.version, self.writes = version, writes
+
+
 def _mine(optimizer, param_targets: ParamTargets) -> list[tuple]:
-    """(param, target, name, module) of each parameter of `optimizer` that is this model's."""
-    get = param_targets.get
-    found = ((p, get(p)) for group in optimizer.param_groups for p in group["params"])
-    return [(p, *targeted) for p, targeted in found if targeted is not None]
+    """The entries of `param_targets` (param, target, name, module; param and module weakly)
+    of each parameter of `optimizer` that is this model's: its own long-lived tuples, so that a
+    step makes none per parameter (recorder._GradHook says why that matters)."""
+    entry = param_targets.entry
+    found = (entry(p) for group in optimizer.param_groups for p in group["params"])
+    return [e for e in found if e is not None]

@@ -44,6 +44,22 @@ _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 _ARG_INDEX = tuple(f"[{i}]" for i in range(8))  # walk_tensors' index of positional tensors
 _NO_MEMORY = (float("nan"),) * 3  # memory columns of a row that is not an output
 _DEVICE_NAMES: dict[torch.device, str] = {}
+# The shapes of rows, each one tuple however many rows have it: a row whose shape tuple is as
+# new as itself can stay tracked by the garbage collector (it checks the row before the shape)
+# and count as long-lived (see _GradHook); an older, untracked shape lets it be untracked
+_SHAPES: dict[tuple, tuple] = {}
+_SHAPES_KEPT = 4096  # then begun again: a job whose shapes keep changing keeps no more
+
+
+def _shape(size: torch.Size) -> tuple:
+    """`tuple(size)`, the same tuple each time (_SHAPES)."""
+    shape = _SHAPES.get(size)  # a torch.Size is a tuple: it finds its tuple
+    if shape is None:
+        if len(_SHAPES) >= _SHAPES_KEPT:
+            _SHAPES.clear()
+        shape = tuple(size)
+        _SHAPES[shape] = shape
+    return shape
 
 
 def _device_name(device: torch.device) -> str:
@@ -57,12 +73,13 @@ _hook_keys = itertools.count(-1, -1)  # below RemovableHandle's ids (from 0 up):
 _has_torch_function = torch._C._has_torch_function_unary
 
 
-def _add_grad_hook(t: torch.Tensor, hook: Callable) -> Any:
+def _add_grad_hook(t: torch.Tensor, hook: Callable) -> tuple:
     """`t.register_hook(hook)` as torch's own does it, without its RemovableHandle (~2 µs of a
     ~3 µs call, once per output of every module call with grads=True): returns (the tensor's
-    hook dict, our key), or torch's handle where torch would do more (a subclass, a mode)."""
+    hook dict, our key), or (torch's handle, None) where torch would do more (a subclass, a
+    mode)."""
     if type(t) is not torch.Tensor or _has_torch_function(t):
-        return t.register_hook(hook)
+        return t.register_hook(hook), None
     hooks = t._backward_hooks
     if hooks is None:
         hooks = t._backward_hooks = OrderedDict()
@@ -71,6 +88,33 @@ def _add_grad_hook(t: torch.Tensor, hook: Callable) -> Any:
     key = next(_hook_keys)
     hooks[key] = hook
     return hooks, key
+
+
+class _GradHook:
+    """The gradient hook on one output of a step: records the gradient as a "grad" row of
+    the call that made it. One object, where a closure was eight (a function, its cells and
+    their tuple): each lives until the step ends, through many collections of the young
+    generation, so the garbage collector counts it as long-lived, and enough of those make it
+    walk every object of the process (a full collection: 0.2 s under a 5 000-module model,
+    every third step with grads=True; benchmarks/per_call.py's table of collections)."""
+
+    __slots__ = ("recorder", "target", "call", "index", "training", "step")
+
+    def __init__(self, recorder: Recorder, target: Target, call: int, index: str,
+                 training: bool):
+        self.recorder, self.target, self.call = recorder, target, call
+        self.index, self.training, self.step = index, training, recorder.step
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
+        recorder = self.recorder
+        if grad is not None and self.step == recorder.step and recorder._active():
+            try:  # (an older step's graph run backward now: not this step's gradient)
+                recorder.record_safely(self.target, self.call, "grad", self.index, grad,
+                                       self.training)
+            except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
+                without_our_frames(trapped)
+                raise
 
 
 class Recorder:
@@ -104,7 +148,7 @@ class Recorder:
         self._lock = lock
         self._active = active
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, _version, slot): dedupe
-        self._tensor_hooks: list = []  # gradient hooks put on this step's tensors
+        self._tensor_hooks: list = []  # gradient hooks put on this step's tensors, in pairs
         self._recomputed_calls: dict[int, int] = {}
         self._recomputed_task = -1
         self.memory = memory
@@ -247,7 +291,7 @@ class Recorder:
             slot = None
             data = t if type(t) is torch.Tensor else self._plain(t)  # subclasses: their data
             if data is not None and reducible(t):
-                shape = tuple(t.shape)
+                shape = _shape(t.shape)
                 try:
                     version = t._version
                 except RuntimeError:  # an inference tensor (inference_mode) has no version
@@ -304,7 +348,7 @@ class Recorder:
             pending = self.pending
             slot = pending.stats.add_dense(t, n, kernel)
             pending.rows.append((self.step, target.path, target.type_name, call, io, index,
-                                 tuple(t.shape), _DTYPE_NAMES[dtype], "cpu", training))
+                                 _shape(t.shape), _DTYPE_NAMES[dtype], "cpu", training))
             pending.slots.append(slot)
             full = len(pending.rows) >= pending.max_rows
         if full:  # steps="manual" without step(): pending rows stay bounded too
@@ -398,21 +442,12 @@ class Recorder:
     # --- gradients --------------------------------------------------------------------------
     def hook_grad(self, t: torch.Tensor, target: Target, call: int, index: str,
                   training: bool) -> None:
-        # Handles are kept so that the hooks go when the step ends (begin_step, stop).
-        step = self.step
-
-        def on_grad(grad: torch.Tensor) -> None:
-            __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-            if grad is not None and step == self.step and self._active():
-                try:  # (an older step's graph run backward now: not this step's gradient)
-                    self.record_safely(target, call, "grad", index, grad, training)
-                except NonFiniteError as trapped:  # raised as from torch's call (errors.py)
-                    without_our_frames(trapped)
-                    raise
-
-        handle = _add_grad_hook(t, on_grad)
+        # Kept so that the hooks go when the step ends (begin_step, stop): two entries each,
+        # (hook dict, key) or (handle, None), put in by one call (a Ctrl-C lands before or
+        # after it) and with no tuple of their own that the garbage collector would count
+        hooked = _add_grad_hook(t, _GradHook(self, target, call, index, training))
         with self._lock:
-            self._tensor_hooks.append(handle)
+            self._tensor_hooks.extend(hooked)
 
     def on_recomputed(self, target: Target, module: nn.Module, output: Any) -> None:
         """Gradient checkpointing re-runs a forward during backward. Its outputs are those of
@@ -432,11 +467,12 @@ class Recorder:
     def remove_tensor_hooks(self) -> None:
         with self._lock:
             hooks, self._tensor_hooks = self._tensor_hooks, []
-        for handle in hooks:
-            if type(handle) is tuple:  # (the tensor's hook dict, our key): _add_grad_hook
-                handle[0].pop(handle[1], None)
-            else:
-                handle.remove()
+        for i in range(0, len(hooks), 2):
+            held, key = hooks[i], hooks[i + 1]
+            if key is None:  # torch's RemovableHandle
+                held.remove()
+            else:  # the tensor's hook dict and our key: _add_grad_hook
+                held.pop(key, None)
 
     # --- to the host ------------------------------------------------------------------------
     def flush(self) -> None:
