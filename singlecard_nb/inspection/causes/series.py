@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HISTORY = 64  # steps kept whole per series
+_INF = math.inf
 TRAIL = 512  # points of a series' whole-run trail; past that, neighbours merge pairwise
 
 # Positions in a Track entry: one list per recorded step.
@@ -30,60 +31,69 @@ _KIND_OF_IO = {"output": OUTPUT, "input": INPUT, "param": PARAM, "param_grad": G
 class Trail:
     """(step, absmax, rms) of every step of a series, in at most `TRAIL` points: when full,
     neighbours merge pairwise (the earlier step, the larger absmax, the later rms), and later
-    steps are taken as many at a time, so a point stands for `stride` steps."""
+    steps are taken as many at a time, so a point stands for `stride` steps.
+
+    Points are tuples, as Track's entries are: the garbage collector stops tracking a tuple of
+    floats, while every list kept would count as long-lived, and 100 000 rows read at once
+    brought full collections that doubled the read (Tracks.feed)."""
 
     __slots__ = ("points", "stride", "_open")
 
     def __init__(self) -> None:
-        self.points: list[list] = []
+        self.points: list[tuple] = []
         self.stride = 1
         self._open: list | None = None  # the point being filled, with its count of steps
 
     def add(self, step: int, absmax: float, rms: float) -> None:
         point = self._open
+        if point is None and self.stride == 1 and len(self.points) < TRAIL - 1:
+            self.points.append((step, absmax, rms))  # a point of one step: nothing to merge
+            return
         if point is None:
             point = self._open = [step, absmax, rms, 0]
         else:
             point[1], point[2] = nanmax(point[1], absmax), rms
         point[3] += 1
         if point[3] >= self.stride:
-            self.points.append(point[:3])
+            self.points.append(tuple(point[:3]))
             self._open = None
             if len(self.points) >= TRAIL:
                 merged = []
                 for a, b in zip(self.points[::2], self.points[1::2]):
-                    merged.append([a[0], nanmax(a[1], b[1]), b[2]])
+                    merged.append((a[0], nanmax(a[1], b[1]), b[2]))
                 if len(self.points) % 2:
                     merged.append(self.points[-1])
                 self.points, self.stride = merged, self.stride * 2
 
     def widen(self, absmax: float) -> None:
         """The latest step's absmax widened by a further tensor of that step."""
-        last = self._open or (self.points[-1] if self.points else None)
-        if last is not None:
-            last[1] = nanmax(last[1], absmax)
+        if self._open is not None:
+            self._open[1] = nanmax(self._open[1], absmax)
+        elif self.points:
+            step, widest, rms = self.points[-1]
+            self.points[-1] = (step, nanmax(widest, absmax), rms)
 
-    def all(self) -> list[list]:
-        """Every point, oldest first: [step, absmax, rms] (a copy: read it when a rule has
+    def all(self) -> list[tuple]:
+        """Every point, oldest first: (step, absmax, rms) (a copy: read it when a rule has
         found something; `first` and `last` are what every ranking reads)."""
-        return self.points + ([self._open[:3]] if self._open is not None else [])
+        return self.points + ([tuple(self._open[:3])] if self._open is not None else [])
 
-    def first(self) -> list | None:
-        """The first point, [step, absmax, rms], or None (what the first step was, kept)."""
+    def first(self) -> tuple | None:
+        """The first point, (step, absmax, rms), or None (what the first step was, kept)."""
         if self.points:
             return self.points[0]
-        return self._open[:3] if self._open is not None else None
+        return tuple(self._open[:3]) if self._open is not None else None
 
-    def last(self) -> list | None:
+    def last(self) -> tuple | None:
         if self._open is not None:
-            return self._open[:3]
+            return tuple(self._open[:3])
         return self.points[-1] if self.points else None
 
 
 @dataclass
 class Track:
-    """One series, one entry per recorded step: [step, absmax over its tensors, std, mean,
-    zeros of its first one, NaN and Inf counts of all, max]."""
+    """One series, one entry per recorded step: (step, absmax over its tensors, std, mean,
+    zeros of its first one, NaN and Inf counts of all, max), a tuple (see Trail)."""
 
     path: str  # the inspector's spelling: "h.0.mlp", "head.weight"; "input[0]": a model input
     type: str
@@ -107,23 +117,22 @@ class Track:
         """One tensor; a series' further tensors in the same step widen that step."""
         entries = self.entries
         if entries and entries[-1][STEP] == step:
-            last = entries[-1]
-            last[ABSMAX] = nanmax(last[ABSMAX], absmax)
-            last[NAN] += nan
-            last[INF] += inf
+            _, widest, std0, mean0, zeros0, nan0, inf0, maximum0 = entries[-1]
+            widest = nanmax(widest, absmax)
+            entries[-1] = (step, widest, std0, mean0, zeros0, nan0 + nan, inf0 + inf, maximum0)
             if self.first is not None and self.first[0] == step:  # first → last compares alike
-                self.first = (step, last[ABSMAX])
+                self.first = (step, widest)
             self.trail.widen(absmax)
         else:
-            entries.append([step, absmax, std, mean, zeros, nan, inf, maximum])
-            self.trail.add(step, absmax, rms_of(mean, std))
+            entries.append((step, absmax, std, mean, zeros, nan, inf, maximum))
+            self.trail.add(step, absmax, math.hypot(mean, std))  # rms_of, a call less a row
             self.added += 1
             self.shape, self.dtype = shape, dtype
             if self.first is None:
                 self.first = (step, absmax)
         if (nan or inf) and self.bad_step is None:
             self.bad_step = step
-        if self.largest < absmax < math.inf:
+        if self.largest < absmax < _INF:
             self.largest = absmax
         if 0 < absmax < self.least:
             self.least = absmax
@@ -131,7 +140,7 @@ class Track:
     def series(self, column: int) -> list:
         return [e[column] for e in self.entries]
 
-    def rms(self, entry: list) -> float:
+    def rms(self, entry: tuple) -> float:
         """Root mean square of an entry's tensor, from its mean and std."""
         return rms_of(entry[MEAN], entry[STD])
 
@@ -184,6 +193,7 @@ class Tracks:
         self.losses_per_step = 0  # the most backward() calls of one step
         self.last_step: int | None = None
         self._fed: dict[int, tuple[Any, int]] = {}  # id(record) -> (record, rows read)
+        self._routes: dict[tuple, Track | None] = {}  # (io, module, index) -> its series: feed
         self._count = 0
 
     def _table(self, io: str, path: str) -> dict[str, Track] | None:
@@ -199,10 +209,23 @@ class Tracks:
                 shape: Any, dtype: str, mean: float, std: float, absmax: float, nan: Any,
                 inf: Any, zeros: float, maximum: float = math.nan) -> None:
         """One row of a record or frame (rows of other io, and later calls, are skipped)."""
-        table = self._table(io, path)
-        if table is None or (call != 0 and io in ("output", "input")):
+        if call != 0 and io in ("output", "input"):
             return
-        if io in ("output",):
+        track = self._track(io, path, type_, index)
+        if track is None:
+            return
+        track.add(int(step), shape, str(dtype), to_float(mean), to_float(std),
+                  to_float(absmax), to_count(nan), to_count(inf), to_float(zeros),
+                  to_float(maximum))
+        self.last_step = max(int(step), -1 if self.last_step is None else self.last_step)
+
+    def _track(self, io: str, path: str, type_: str, index: str) -> Track | None:
+        """The series a row of `io` goes to (made when first seen), or None: no series keeps
+        such rows."""
+        table = self._table(io, path)
+        if table is None:
+            return None
+        if io == "output":
             key = path
         elif io == "input":
             key = "input" + (index or "[0]")
@@ -213,10 +236,7 @@ class Tracks:
             track = table[key] = Track(key, str(type_), self._count,
                                        _KIND_OF_IO[io] if io != "step_grad" else GRAD)
             self._count += 1
-        track.add(int(step), shape, str(dtype), to_float(mean), to_float(std),
-                  to_float(absmax), to_count(nan), to_count(inf), to_float(zeros),
-                  to_float(maximum))
-        self.last_step = max(int(step), -1 if self.last_step is None else self.last_step)
+        return track
 
     def add(self, step: int, path: str, type_: str, shape: Any, dtype: str, mean: float,
             std: float, absmax: float, nan: Any, inf: Any, zeros: float,
@@ -227,19 +247,39 @@ class Tracks:
 
     def feed(self, records: Iterable[Any]) -> None:
         """Read the rows of step records (`meta` tuples, `values` rows of kernel.reductions.VALUES) not
-        read before; a record is read once, so each draw costs only the new steps."""
+        read before; a record is read once, so each draw costs only the new steps.
+
+        `add_row` for our own records, in fewer steps: the terminal form reads up to max_rows
+        rows this way when a script ends (100 000 rows took 0.5 s, one 0.75 ms an iteration
+        of a GPT script recorded with --grads --params, benchmarks/real_scripts.py). Their
+        values are floats already (`tolist()`), their metadata the recorder's ints and
+        strings, and each (io, module, index) finds its series once."""
         records = list(records)
         alive = {id(r) for r in records}
         self._fed = {k: v for k, v in self._fed.items() if k in alive}
-        add = self.add_row
+        routes = self._routes
+        last = -1 if self.last_step is None else self.last_step
         for record in records:
             seen = self._fed.get(id(record))
             if seen is not None and seen[0] is record:
                 continue
             for meta, (mean, std, _, maximum, absmax, nan, inf, zeros) in zip(
                     record.meta, record.values.tolist()):
-                add(meta[4], meta[0], meta[1], meta[2], meta[3], meta[5], meta[6], meta[7],
-                    mean, std, absmax, nan, inf, zeros, maximum)
+                step, path, type_, call, io, index, shape, dtype = meta[:8]
+                if call and (io == "output" or io == "input"):
+                    continue  # a later call of a module: the series are of the first
+                route = (io, path, index)
+                track = routes.get(route, routes)  # (routes itself: never seen)
+                if track is routes:
+                    track = routes[route] = self._track(io, path, type_, index)
+                if track is None:
+                    continue
+                # counts are NaN in an empty tensor's row
+                track.add(step, shape, dtype, mean, std, absmax, int(nan) if nan == nan else 0,
+                          int(inf) if inf == inf else 0, zeros, maximum)
+                if step > last:
+                    last = step
+            self.last_step = None if last < 0 else last
             self.add_extras(getattr(record, "extras", None))
             self._fed[id(record)] = (record, len(record.meta))
 
