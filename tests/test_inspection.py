@@ -368,6 +368,31 @@ def test_a_recorded_step_leaves_the_garbage_collector_little_to_walk():
     assert everything - grads <= 1.1 * params, everything - grads  # the .grad seen, weakly
 
 
+def test_a_large_parameter_and_its_update_get_their_own_statistics():
+    """params=True rows of a parameter of more than 16 384 values (read whole by the kernel
+    since they can never be a tensor seen before) hold the parameter after the step and Δw."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(16, 256)
+    with scn.inspect(model, grads=True, params=True) as insp:
+        for _ in range(2):
+            before = model[0].weight.detach().clone()
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    frame = insp.frame()
+    rows = frame[(frame.step == 1) & (frame.module == "0") & (frame["index"] == "weight")]
+    after = model[0].weight.detach()
+    for io, t in (("param", after.double()), ("update", (after - before).double())):
+        row = rows[rows.io == io].iloc[0]
+        assert row["shape"] == (256, 256)
+        assert row["min"] == t.min().item() and row["max"] == t.max().item(), io
+        assert row["mean"] == pytest.approx(t.mean().item(), rel=1e-9, abs=1e-15), io
+        assert row["std"] == pytest.approx(t.std().item(), rel=1e-9), io
+    assert (rows[rows.io == "update"]["absmax"] > 0).all()  # the step moved it
+
+
 def test_memory_for_records_is_bounded_and_says_so():
     model = nn.Sequential(*[nn.Identity() for _ in range(10)])
     with pytest.warns(RuntimeWarning, match="max_rows=25 reached"):

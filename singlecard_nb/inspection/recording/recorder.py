@@ -38,6 +38,9 @@ _SEEN_WINDOW = 64
 # Dedupe saves a read of a large tensor; below this many values the read costs less than the
 # bookkeeping (a weak reference, its look-up), so small tensors are read again.
 DEDUPE_NUMEL = 16384
+# Rows of tensors made for the row (a parameter's detached view, Δw): never seen again, so
+# dedupe cannot pay for them at any size and they take the dense path whole
+_FRESH_EACH_TIME = frozenset({"param", "update"})
 _FLOAT64, _STRIDED = torch.float64, torch.strided  # module globals: read once per tensor
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
@@ -333,15 +336,17 @@ class Recorder:
                       training: bool) -> bool:
         """record_tensor for most tensors of a CPU step, with the least per-tensor Python: a
         plain (the caller checked), contiguous, small CPU tensor whose dtype has a kernel,
-        without trap or memory rows (`_dense_path`). The same kernel call and row as the
-        general path, so the same statistics to the bit; no dedupe, which only pays for large
-        tensors' reads. False: nothing recorded, the general path takes it."""
+        without trap or memory rows (`_dense_path`), or one of any size that is never seen
+        again (`_FRESH_EACH_TIME`). The same kernel call and row as the general path, so the
+        same statistics to the bit; no dedupe, which only pays for large tensors' reads.
+        False: nothing recorded, the general path takes it."""
         dtype = t.dtype
         kernel = self._kernels.get(dtype)
         if kernel is None or dtype is _FLOAT64:  # float64: its range is checked (stats.py)
             return False
         n = t.numel()
-        if (not 0 < n <= DEDUPE_NUMEL or t.layout is not _STRIDED or t.is_nested
+        if (not 0 < n or (n > DEDUPE_NUMEL and io not in _FRESH_EACH_TIME)
+                or t.layout is not _STRIDED or t.is_nested
                 or not t.is_contiguous() or t.is_neg() or not t.data_ptr()):
             return False  # data_ptr() 0: no memory to read (a ZeroTensor)
         with self._lock:
