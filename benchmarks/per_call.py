@@ -46,7 +46,7 @@ Last, the accelerator path: torch operations dispatched per module output read o
 (counted on "meta", which dispatches what a GPU would), with the CPU time per output on CUDA
 where there is one, and the same operations' overhead on 16-value CPU tensors.
 
-    .venv/bin/python benchmarks/per_call.py --shapes-only   # only that table (~1 min)
+    .venv/bin/python benchmarks/per_call.py --shapes-only   # from that table on (~2 min)
     .venv/bin/python benchmarks/per_call.py --device-path   # only the accelerator path (5 s)
     .venv/bin/python benchmarks/per_call.py --collector     # only the collector's table (1 min)
 """
@@ -482,7 +482,8 @@ def device_path(rounds: int = 5) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes-only", action="store_true",
-                        help="only the per-model table of forward, backward and params costs")
+                        help="leave out the first table (the per-model table of forward, "
+                        "backward and params costs, the collector's and the accelerator path)")
     parser.add_argument("--device-path", action="store_true",
                         help="only the table of the accelerator path (a minute or less)")
     parser.add_argument("--collector", action="store_true",

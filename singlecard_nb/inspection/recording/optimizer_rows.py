@@ -116,24 +116,19 @@ class OptimizerRows:
                     carried.add(id(param))
             else:  # a new tensor: one step's writes are its version now, plus its creation
                 writes = grad._version + 1
-            self._grads[id(param)] = _GradSeen(grad, grad._version, writes)
+            seen = _GradSeen(grad)
+            seen.version, seen.writes = grad._version, writes
+            self._grads[id(param)] = seen
         return carried
 
 
 class _GradSeen(weakref.ref):
-    """A parameter's .grad, weakly, with its `_version` and the writes one step makes to it.
-    One object where a tuple and a weak reference were two: each parameter's is made anew every
-    step, lives until the next one and so counts for the garbage collector as long-lived (see
-    recorder._GradHook)."""
+    """A parameter's .grad, weakly, with its `_version` and the writes one step makes to it
+    (set after it is made: no Python __init__ a parameter a step). One object where a tuple and
+    a weak reference were two: each parameter's is made anew every step, lives until the next
+    one and so counts for the garbage collector as long-lived (see recorder._GradHook)."""
 
     __slots__ = ("version", "writes")
-
-    def __new__(cls, grad, version: int, writes: int):
-        return super().__new__(cls, grad)
-
-    def __init__(self, grad, version: int, writes: int):
-        super().__init__(grad)
-        self.version, self.writes = version, writes
 
 
 def _mine(optimizer, param_targets: ParamTargets) -> list[tuple]:
