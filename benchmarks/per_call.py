@@ -308,6 +308,15 @@ def per_shape(rounds: int = 3) -> None:
               f"{per_param} {clone}", flush=True)
 
 
+def training_step(model: nn.Module, opt: torch.optim.Optimizer | None, x: torch.Tensor) -> None:
+    """One SGD step of the per-model tables (backward alone without an optimiser)."""
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    if opt is not None:
+        opt.step()
+
+
 def shape_costs(model: nn.Module, x: torch.Tensor, params: list, rounds: int) -> dict:
     """Best thread CPU time of each variant's training step (and of forwards, clones)."""
     variants = {"bare": None, "forward": {}, "grads": {"grads": True}}
@@ -318,12 +327,7 @@ def shape_costs(model: nn.Module, x: torch.Tensor, params: list, rounds: int) ->
                   for key, m in copies.items()}
 
     def step(key: str) -> None:
-        m, opt = copies[key], optimizers[key]
-        if opt is not None:
-            opt.zero_grad(set_to_none=True)
-        m(x).square().mean().backward()
-        if opt is not None:
-            opt.step()
+        training_step(copies[key], optimizers[key], x)
 
     def forward(key: str) -> None:
         copies[key](x)
@@ -376,13 +380,7 @@ def collector(steps: int = 30) -> None:
     for label, options in (("bare", None), ("inspect", {}), ("grads=True", {"grads": True}),
                            ("grads, params=True", {"grads": True, "params": True})):
         m = copy.deepcopy(model)
-        opt = torch.optim.SGD(m.parameters(), lr=1e-6)
-
-        def step(m=m, opt=opt) -> None:
-            opt.zero_grad(set_to_none=True)
-            m(x).square().mean().backward()
-            opt.step()
-
+        step = functools.partial(training_step, m, torch.optim.SGD(m.parameters(), lr=1e-6), x)
         insp = scn.inspect(m, max_rows=10**6, **options) if options is not None else None
         try:
             for _ in range(3):

@@ -13,6 +13,7 @@ import weakref
 
 import pytest
 import torch
+from gc_support import objects_left_by
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -332,18 +333,7 @@ def _objects_a_step_leaves(options: dict | None) -> int:
     try:
         step()
         step()
-        gc.collect()
-        was_enabled = gc.isenabled()
-        gc.disable()  # what the step makes stays in the youngest generation
-        gc.freeze()  # and every older object out of gc.get_objects()'s sight
-        try:
-            step()
-            gc.collect(0)  # untracks tuples of atomic values, as every collection does
-            return len(gc.get_objects())
-        finally:
-            gc.unfreeze()
-            if was_enabled:
-                gc.enable()
+        return objects_left_by(step)
     finally:
         if insp is not None:
             insp.stop()

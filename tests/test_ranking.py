@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from gc_support import objects_left_by
 from gpt_like import GPT, exploding_steps
 from torch import nn
 
@@ -193,8 +194,6 @@ def test_reading_a_run_leaves_the_garbage_collector_a_few_objects_per_series():
     as it lives, so reading a long run brought full collections of the whole process and
     doubled the read (benchmarks/real_scripts.py's GPT: 0.75 ms an iteration). Kept as tuples
     of numbers they are untracked: a few objects per series remain, however many steps."""
-    import gc
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -204,19 +203,8 @@ def test_reading_a_run_leaves_the_garbage_collector_a_few_objects_per_series():
             model(torch.randn(4, 8)).square().mean().backward()
             opt.step()
     records = insp.records()
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()  # what the read makes stays young
-    gc.freeze()  # and every older object out of gc.get_objects()'s sight
-    try:
-        tracks = ranking.Tracks()
-        tracks.feed(records)
-        gc.collect(0)  # untracks tuples of numbers, as every collection does
-        left = len(gc.get_objects())
-    finally:
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
+    tracks = ranking.Tracks()
+    left = objects_left_by(lambda: tracks.feed(records))
     series = sum(len(t) for t in (tracks.by_path, tracks.inputs, tracks.params, tracks.grads,
                                   tracks.step_grads, tracks.updates))
     assert series >= 20 and tracks.last_step == 299

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HISTORY = 64  # steps kept whole per series
-_INF = math.inf
 TRAIL = 512  # points of a series' whole-run trail; past that, neighbours merge pairwise
 
 # Positions in a Track entry: one list per recorded step.
@@ -46,24 +45,24 @@ class Trail:
 
     def add(self, step: int, absmax: float, rms: float) -> None:
         point = self._open
-        if point is None and self.stride == 1 and len(self.points) < TRAIL - 1:
-            self.points.append((step, absmax, rms))  # a point of one step: nothing to merge
-            return
         if point is None:
-            point = self._open = [step, absmax, rms, 0]
+            if self.stride == 1:  # a point per step: it is whole at once
+                self.points.append((step, absmax, rms))
+            else:
+                self._open = [step, absmax, rms, 1]
         else:
             point[1], point[2] = nanmax(point[1], absmax), rms
-        point[3] += 1
-        if point[3] >= self.stride:
-            self.points.append(tuple(point[:3]))
-            self._open = None
-            if len(self.points) >= TRAIL:
-                merged = []
-                for a, b in zip(self.points[::2], self.points[1::2]):
-                    merged.append((a[0], nanmax(a[1], b[1]), b[2]))
-                if len(self.points) % 2:
-                    merged.append(self.points[-1])
-                self.points, self.stride = merged, self.stride * 2
+            point[3] += 1
+            if point[3] >= self.stride:
+                self.points.append(tuple(point[:3]))
+                self._open = None
+        if len(self.points) >= TRAIL:
+            merged = []
+            for a, b in zip(self.points[::2], self.points[1::2]):
+                merged.append((a[0], nanmax(a[1], b[1]), b[2]))
+            if len(self.points) % 2:
+                merged.append(self.points[-1])
+            self.points, self.stride = merged, self.stride * 2
 
     def widen(self, absmax: float) -> None:
         """The latest step's absmax widened by a further tensor of that step."""
@@ -125,14 +124,14 @@ class Track:
             self.trail.widen(absmax)
         else:
             entries.append((step, absmax, std, mean, zeros, nan, inf, maximum))
-            self.trail.add(step, absmax, math.hypot(mean, std))  # rms_of, a call less a row
+            self.trail.add(step, absmax, rms_of(mean, std))
             self.added += 1
             self.shape, self.dtype = shape, dtype
             if self.first is None:
                 self.first = (step, absmax)
         if (nan or inf) and self.bad_step is None:
             self.bad_step = step
-        if self.largest < absmax < _INF:
+        if self.largest < absmax < math.inf:
             self.largest = absmax
         if 0 < absmax < self.least:
             self.least = absmax

@@ -171,13 +171,10 @@ class Snapshots:
                       f"not recorded: copying them before each optimiser step would take more "
                       f"than {self.budget >> 20} MiB. The ranking still sees their growth.")
 
-    def holds(self, param: torch.Tensor) -> bool:
-        """Whether `take` copied `param` (and `update` has not yet let the copy go)."""
-        return id(param) in self._before
-
-    def update(self, param: torch.Tensor) -> torch.Tensor:
-        """Δw of `param` since `take` (which copied it); its copy is let go."""
-        return param.detach() - self._before.pop(id(param))  # detached: no graph, no no_grad
+    def update(self, param: torch.Tensor) -> torch.Tensor | None:
+        """Δw of `param` since `take` (its copy is let go), or None if `take` did not copy it."""
+        before = self._before.pop(id(param), None)
+        return None if before is None else param.detach() - before  # detached: no no_grad
 
     def clear(self) -> None:
         self._before.clear()

@@ -88,15 +88,16 @@ class OptimizerRows:
             grad = param.grad
             if grad is not None:
                 record(target, call, "step_grad", name, grad, training)
-            if self.snapshots.holds(param):
-                recorder.guarded(self._record_update, target, call, name, param, training)
+            recorder.guarded(self._record_update, target, call, name, param, training)
         self.snapshots.clear()
 
     def _record_update(self, target, call: int, name: str, param, training: bool) -> None:
-        """The "update" row of `param`: Δw since its copy before the step (then let go)."""
+        """The "update" row of `param`: Δw since its copy before the step (then let go); none
+        where it was not copied (beyond the budget)."""
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         update = self.snapshots.update(param)
-        self._recorder.record_safely(target, call, "update", name, update, training)
+        if update is not None:
+            self._recorder.record_safely(target, call, "update", name, update, training)
 
     def _carried(self, mine: list) -> set[int]:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:
@@ -104,10 +105,11 @@ class OptimizerRows:
         carried = set()
         for entry in mine:
             param = entry[0]()
-            grad = param.grad if param is not None else None
+            if param is None:
+                continue
+            grad = param.grad
             if grad is None:
-                if param is not None:
-                    self._grads.pop(id(param), None)
+                self._grads.pop(id(param), None)
                 continue
             known = self._grads.get(id(param))
             if known is not None and known() is grad:
