@@ -47,9 +47,9 @@ def place() -> tuple[int, int]:
     launched = _launched()
     if launched is not None:
         return launched
-    import torch.distributed as dist
+    if group_formed():  # read once per recorded step (store.py): no import statement there
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 

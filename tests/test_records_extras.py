@@ -84,6 +84,31 @@ def test_the_dead_channel_job_loads_with_the_same_findings(tmp_path):
     assert repr(recorded.summary()).startswith("findings, likeliest cause first:\n  1. input[0]")
 
 
+def test_the_input_channels_and_the_loss_operations_are_read_every_16th_step_and_dated():
+    """They describe the data and the loss's code, not the step: read on steps 0, 16, 32...
+    (a third of what inspect added to a small model's step), the loss itself every step;
+    the finding names the step its channels were measured at. The trap reads the operations
+    every step: its words name them."""
+    torch.manual_seed(0)
+    model = _cnn()
+    std = torch.tensor([0.25, 0.25, 0.0004]).view(1, 3, 1, 1)
+    with scn.inspect(model) as insp:
+        for _ in range(20):
+            loss = model((torch.rand(8, 3, 8, 8) - 0.5) / std).square().mean()
+            loss.backward()
+    extras = {r.extras["step"]: r.extras for r in insp.records() if r.extras}
+    assert sorted(extras) == list(range(20))  # every step's loss
+    assert [s for s, e in extras.items() if "channels" in e] == [0, 16]
+    assert [s for s, e in extras.items() if e["loss"]["ops"]] == [0, 16]
+    assert extras[16]["loss"]["ops"][:2] == ("Mean", "Pow")
+    found = insp.findings(1)[0]
+    assert found.why.startswith("channel 2 of the model's input [0]") and "at step 16" in found.why
+    with scn.inspect(model, trap=True) as trapped:
+        for _ in range(3):
+            model(torch.rand(8, 3, 8, 8)).square().mean().backward()
+    assert all(r.extras["loss"]["ops"][:2] == ("Mean", "Pow") for r in trapped.records())
+
+
 def test_a_frame_cut_to_another_rank_does_not_rank_with_this_ranks_channels(tmp_path):
     frame = scn.load(_dead_channel_job().save(tmp_path / "cnn.db"))
     assert scn.findings(frame[frame["rank"] == 0], 1)[0].kind == "input"

@@ -1,7 +1,8 @@
 """What a step records beside its rows, for the ranking to diagnose: per-channel statistics of
 the model's inputs, the optimiser's param groups, and each optimiser step's update Δw.
 
-Channel statistics are reduced on the device and cross to the host with the step (`flush`);
+Channel statistics are reduced on the device and cross to the host with the step (`flush`),
+on every 16th step (recorder.DESCRIBED_EVERY: they describe the data, not the step);
 param groups are host values read from the optimiser; Δw is the parameter after the step less
 a copy taken just before it (only within `SNAPSHOT_BYTES`: memory stays bounded).
 """

@@ -7,7 +7,8 @@ is offered to each listener; those whose model ran a forward of its current step
 thread take it, each told how many took it (a GAN's generator loss reaches both models: a loss
 two models share says nothing of either alone). What is taken stays on the device (a detached
 0-d tensor) and crosses with the step's other extras; the names of its last autograd operations
-are read once per step from `grad_fn` (host objects, no device read).
+are read from `grad_fn` (host objects, no device read) on every 16th step, and on every step
+with the trap, whose words name them (recorder.DESCRIBED_EVERY).
 """
 
 from __future__ import annotations
