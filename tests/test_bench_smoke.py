@@ -1,4 +1,6 @@
-"""`benchmarks/bench.py --quick` runs end to end and prints every table with its ratio columns.
+"""`benchmarks/bench.py --quick` runs end to end and prints every table with its ratio columns;
+the other benchmarks' own machinery (step_cost's timers, per_call's device path, the step clock
+of real_scripts) works.
 
 A smoke test, in seconds: the script's own code (harness, report, every variant and extra
 table) runs unchanged on two tiny stand-in models, so it checks that the benchmark works, not
@@ -7,6 +9,8 @@ what it measures. The real figures come from `python benchmarks/bench.py` (bench
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -140,3 +144,23 @@ def test_per_call_device_path_counts_the_operations_of_an_accelerators_output():
     assert set(rows) == {"meta large", "meta small", "cpu 16"}, p.stdout
     assert float(rows["meta large"][0]) < 9, p.stdout
     assert float(rows["cpu 16"][1]) > 0, p.stdout
+
+
+@pytest.mark.parametrize("launch", [[], ["-m", "singlecard_nb", "--device", "cpu", "--inspect"]],
+                         ids=["plain", "terminal form"])
+def test_step_clock_notes_every_optimizer_step_of_an_unchanged_script(tmp_path, launch):
+    """`real_scripts.py`'s clock: every optimizer step of the script, run as python (or the
+    terminal form) runs it, is noted in order, and the end comes after the last step, past
+    the terminal form's findings; a clock that missed steps or stopped early would show."""
+    times = tmp_path / "times.json"
+    script = ROOT / "tests" / "scripts" / "corpus" / "healthy_accelerate_loop.py"
+    p = subprocess.run([sys.executable, str(BENCH / "step_clock.py"), str(times), *launch,
+                        str(script), "--steps", "12"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    noted = json.loads(times.read_text())
+    assert len(noted["wall"]) == len(noted["cpu"]) == 12, noted
+    assert noted["wall"] == sorted(noted["wall"]) and noted["end_wall"] > noted["wall"][-1]
+    assert "step 11: loss" in p.stdout  # the script ran whole, its own output as it prints it
+    if launch:
+        assert "12 steps recorded" in p.stderr, p.stderr
