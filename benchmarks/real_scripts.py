@@ -2,10 +2,10 @@
 """What each flag costs a user on real-shaped training scripts, run as the terminal form runs
 them: `python -m singlecard_nb [--device cpu] [--inspect [--grads --params]] script.py --steps N`.
 
-    .venv/bin/python benchmarks/real_scripts.py                 # 5 rounds, 2-core CPU (~8 min; twice that with --against)
+    .venv/bin/python benchmarks/real_scripts.py                 # 5 rounds, 2-core CPU, ~8 min
     .venv/bin/python benchmarks/real_scripts.py --rounds 1 --scale 0.1   # a smoke run
     .venv/bin/python benchmarks/real_scripts.py --corpus DIR --scripts healthy_nanogpt
-    .venv/bin/python benchmarks/real_scripts.py --against ../before   # a change, in one sitting
+    .venv/bin/python benchmarks/real_scripts.py --against ../before   # before and after, ~16 min
 
 `--against CHECKOUT` runs every command a second time with another checkout's singlecard_nb
 (a commit before a change: `git worktree add --detach ../before HEAD~1`), in the same rounds,
@@ -30,8 +30,8 @@ own, in wall time.
 Runs are interleaved (every round runs each variant of each script once, in a rotated order)
 and each figure is the minimum over the rounds: another process on a shared machine only ever
 adds time to a run, so the fastest run is the best estimate of the undisturbed one. On the
-shared 2-core runner that still leaves a few per cent: the same command's figure differs by up
-to 9 % between two checkouts' columns of one sitting (docs/speed.md).
+shared 2-core runner that still leaves a few per cent: the same command's figure differed by
+5-9 % between two checkouts' columns of one sitting (docs/speed.md).
 
 An earlier version took (min T(3N) - min T(N)) / 2N from whole runs; its start-ups, 2-3 s that
 vary by a few 0.1 s, left ±0.5-1 ms on steps of 0.6-5 ms (docs/speed.md).
