@@ -25,23 +25,21 @@ def destroy_left_group() -> None:
     it on a loaded 2-core box, torch 2.15; 0 of 12 with it). The script is over, so nothing of
     it is lost; a failure here leaves the group to the interpreter, as before.
 
-    A pause first, without the GIL: a gloo worker thread may still be letting go of the last
-    collective's work, whose tensors need the GIL to go; torch 2.6 destroys the group holding
-    the GIL and joins that thread, so without the pause the two waited for each other for good
-    (1 in 5-10 two-rank runs of tests/scripts/mesh_world.py on a loaded 2-core box, seen in gdb:
-    ~ProcessGroupGloo joining a runLoop thread in take_gil)."""
+    After single-card mode has given its patches back, so with the same pause its own
+    destroy_process_group() makes first (`let_finished_works_go`): without it a rank of a
+    two-rank gloo job under torch 2.6 (tests/scripts/mesh_world.py) hung here in 6 of 20 runs on
+    a loaded 2-core box, destroying the group while a gloo thread waited for the GIL."""
     if not group_formed():
         return
-    import time
+    from ..parallel.groups import let_finished_works_go
 
-    time.sleep(SETTLE_SECONDS)
+    let_finished_works_go()
     try:
         sys.modules["torch.distributed"].destroy_process_group()
     except Exception:  # noqa: BLE001 - the script's outcome stands; torch's exit path remains
         pass
 
 
-SETTLE_SECONDS = 0.05  # the pause above: a few of the interpreter's 5 ms switch intervals
 TOP_FINDINGS = 5
 
 
