@@ -128,7 +128,7 @@ def measure(corpus: Path, names: list[str], trees: list[Path], rounds: int, scal
             verbose: bool) -> dict[tuple[str, str, Path], dict[str, list[float]]]:
     """(script, variant, tree) -> {"mean": [s an iteration, per round], "median", "exit"}."""
     jobs = [(name, variant, tree) for name in names for variant in VARIANTS for tree in trees]
-    runs: dict[tuple[str, str], dict[str, list[float]]] = {
+    runs: dict[tuple[str, str, Path], dict[str, list[float]]] = {
         job: {k: [] for k in ("mean", "median", "exit")} for job in jobs}
     with tempfile.TemporaryDirectory() as scratch:
         times = os.path.join(scratch, "times.json")

@@ -6,7 +6,7 @@
 
 torch's global step post-hook (every `torch.optim.Optimizer`, wrapped ones such as accelerate's
 included) notes the wall and the process CPU time after each step; when the process ends, the
-notes and the moment of its end go to TIMES.json. The script itself is run unchanged. Timing
+notes and the wall time of its end go to TIMES.json. The script itself is run unchanged. Timing
 between steps leaves out what a run's start-up costs (imports, the kernel's load), which varies
 by a few 0.1 s from run to run, and `end` less the last step is what the run does after its
 training (the terminal form's findings), so `real_scripts.py` can tell the two apart.
@@ -33,8 +33,7 @@ def main() -> None:
 
     def write() -> None:  # registered first, so it runs after every exit handler of the run
         with open(out, "w") as f:
-            json.dump({"wall": wall, "cpu": cpu, "end_wall": time.perf_counter(),
-                       "end_cpu": time.process_time()}, f)
+            json.dump({"wall": wall, "cpu": cpu, "end_wall": time.perf_counter()}, f)
 
     atexit.register(write)
     # every script measured imports torch anyway; where its import happens is not timed

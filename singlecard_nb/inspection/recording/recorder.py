@@ -289,8 +289,7 @@ class Recorder:
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
         if (self._dense_path and type(t) is torch.Tensor and t.is_cpu and not target.hist
                 and self._record_dense(target, call, io, index, t, training)):
-            if (io == "input" and not target.path and call == 0  # the model's own input
-                    and self.step % DESCRIBED_EVERY == 0):
+            if io == "input" and not target.path and call == 0:  # the model's own input
                 with self._lock:
                     self.guarded(self._take_channels, target, index, t)
             return
@@ -329,8 +328,7 @@ class Recorder:
             full = len(pending.rows) >= pending.max_rows
             if target.hist and io == "output" and slot is not None and data.numel():
                 self.guarded(self._take_histogram, target, data)
-            if (io == "input" and not target.path and call == 0 and slot is not None
-                    and self.step % DESCRIBED_EVERY == 0):
+            if io == "input" and not target.path and call == 0 and slot is not None:
                 self.guarded(self._take_channels, target, index, data)
         if full:  # steps="manual" without step(): pending rows stay bounded too
             self.flush()
@@ -418,6 +416,8 @@ class Recorder:
                                  prior=prior, loss_ops=loss_ops)
 
     def _take_channels(self, target: Target, index: str, t: torch.Tensor) -> None:
+        if self.step % DESCRIBED_EVERY:
+            return  # read on steps 0, 16, 32, ... (DESCRIBED_EVERY)
         stats = channel_stats(t)
         if stats is not None:
             self.pending.channels[index or "[0]"] = (tuple(t.shape), stats)
