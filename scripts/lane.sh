@@ -34,12 +34,22 @@ esac
 venv=.venv/lane-$lane
 stamp=$venv/.singlecard-nb-installed
 want="${wanted[*]} $("$python" scripts/floors.py --stamp)"
+# --no-cache-dir: the venv is kept, so a second copy of its ~3 GB of wheels in pip's cache would
+# only double what the disk must hold (a CI run once ran out of it here, building both lanes)
 pypi() {
     env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT \
-        PIP_CONFIG_FILE=/dev/null "$venv/bin/python" -m pip install -q "$@"
+        PIP_CONFIG_FILE=/dev/null "$venv/bin/python" -m pip install -q --no-cache-dir "$@"
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     began=$SECONDS
+    # the venv and, while pip installs, the wheels it downloaded: measured in docs/support.md
+    needed_gb=10
+    mkdir -p .venv
+    free_gb=$(df -P -BG .venv "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR > 1 {sub("G", "", $4); print $4}' | sort -n | head -1)
+    if [ -n "$free_gb" ] && [ "$free_gb" -lt "$needed_gb" ]; then
+        echo "lane $lane: making $venv needs about $needed_gb GB free on disk (the venv, and the wheels while pip installs them); .venv or ${TMPDIR:-/tmp} has $free_gb GB. Free some and run it again." >&2
+        exit 1
+    fi
     echo "lane $lane: making $venv with ${wanted[*]} from PyPI (about 3 GB, 4-8 min; once)" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv"
