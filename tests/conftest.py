@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -15,8 +16,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 # The statistics kernel is built once per test run into a cache of its own (inherited by the
-# kernels and interpreters tests start), never into the user's ~/.cache.
-os.environ.setdefault("SINGLECARD_NB_CACHE_DIR", tempfile.mkdtemp(prefix="singlecard_nb-cache-"))
+# kernels and interpreters tests start), never into the user's ~/.cache; the process that made
+# it (pytest's controller, whose workers inherit it) removes it when it ends.
+if "SINGLECARD_NB_CACHE_DIR" not in os.environ:
+    kernel_cache = tempfile.mkdtemp(prefix="singlecard_nb-cache-")
+    os.environ["SINGLECARD_NB_CACHE_DIR"] = kernel_cache
+    atexit.register(shutil.rmtree, kernel_cache, True)
 
 
 def run_fresh_python(code: str, **env: str) -> tuple[dict, str]:
