@@ -53,6 +53,22 @@ def test_the_terminal_says_nothing_stands_out_for_healthy_scripts():
             assert NOTHING in line, f"{job}: {done.stderr}"
 
 
+def test_a_tiny_llama_under_the_real_transformers_trainer_says_nothing_stands_out():
+    """transformers' own Trainer (benchmarks/scripts/hf_trainer_llama.py, not ours to shape), as
+    a user types it. The Trainer passes the model `num_items_in_batch`, one number (~250),
+    which the ranking once called an input far from unit scale."""
+    pytest.importorskip("transformers")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "singlecard_nb", "--device", "cpu", "--inspect", "--grads",
+         "--params", str(ROOT / "benchmarks" / "scripts" / "hf_trainer_llama.py"), "--steps",
+         "30"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = re.findall(r"^singlecard_nb: .*? steps recorded; .*$", done.stderr, re.M)
+    assert len(printed) == 1, done.stderr[-3000:]
+    assert f"LlamaForCausalLM: 30 steps recorded; {NOTHING}" in printed[0], done.stderr[-3000:]
+
+
 def test_every_rank_of_a_healthy_ddp_job_says_nothing_stands_out():
     """The DDP script as torchrun runs it, two ranks on the CPU: each rank's exit line, and the
     ranks' statistics of what DDP keeps equal (parameters, all-reduced gradients) agree."""

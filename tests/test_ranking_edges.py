@@ -97,3 +97,42 @@ def test_a_dead_layer_blames_the_bias_only_when_the_bias_pushes_it_below_zero():
             optimizer.step()
     row = next(r for r in insp.findings(None) if r.why.startswith("every output ≤ 0"))
     assert row.path == "0" and "not its bias" in row.why and "does it" not in row.why
+
+
+class _Denoiser(nn.Module):
+    """A diffusion-style denoiser, fed as transformers' Trainer and diffusers feed models: the
+    data, raw timesteps 0-1000 (one per sample, read by a sinusoidal embedding as they are) and
+    `num_items_in_batch` (one number, the count the summed loss is divided by)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16 + 8, 64), nn.ReLU(), nn.Linear(64, 16))
+        self.register_buffer("freqs", torch.exp(-torch.arange(4) * 2.0))
+
+    def forward(self, x, timesteps, num_items_in_batch):
+        angles = timesteps[:, None] * self.freqs
+        embedded = torch.cat([angles.sin(), angles.cos()], dim=1)
+        return self.net(torch.cat([x, embedded], dim=1)).pow(2).sum() / num_items_in_batch
+
+
+def _denoiser_findings(scale: float) -> list[str]:
+    torch.manual_seed(0)
+    model = _Denoiser()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with scn.inspect(model) as insp:
+        for _ in range(20):
+            x = torch.randn(32, 16) * scale
+            timesteps = torch.randint(0, 1000, (32,)).float()
+            loss = model(x, timesteps, torch.tensor(32.0 * 16))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return [row.why for row in insp.findings()]
+
+
+def test_a_count_or_per_sample_timesteps_among_the_inputs_is_not_called_unnormalised():
+    # one number (mean 512) and one per sample (mean ~500, std ~290) are read as they are: a
+    # healthy run says nothing; data 100x unit scale beside them is still found
+    assert _denoiser_findings(1.0) == []
+    (found,) = [why for why in _denoiser_findings(100.0) if "far from unit scale" in why]
+    assert found.startswith("the model's input [0] is far from unit scale")

@@ -90,8 +90,15 @@ def _scale_row(t: Track, found: Channels | None) -> Row | None:
     """A floating-point input far from unit scale in every channel at once (pixels 0-255): the
     per-channel rule cannot see it, the first layer's pre-activations are that many times too
     large. With channels known, their median channel must be far too (one odd channel is the
-    channel rule's)."""
+    channel rule's).
+
+    Only a batch of features or images (two dimensions or more) can be such data: a single
+    number or one per sample (transformers' Trainer passes `num_items_in_batch`, a diffusion
+    model its timesteps 0-1000, a model sequence lengths) is a count or a condition that the
+    model reads as it is, and one value has no spread to judge a scale by."""
     if not t.dtype.startswith(("float", "bfloat")) or not t.entries:
+        return None
+    if not isinstance(t.shape, (tuple, list)) or len(t.shape) < 2:
         return None
     _, absmax, std, mean, _, _, _, _ = t.entries[-1]
     scale = max(abs(mean), std if math.isfinite(std) else 0.0)
