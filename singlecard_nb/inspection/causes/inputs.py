@@ -95,10 +95,17 @@ def _scale_row(t: Track, found: Channels | None) -> Row | None:
     Only a batch of features or images (two dimensions or more) can be such data: a single
     number or one per sample (transformers' Trainer passes `num_items_in_batch`, a diffusion
     model its timesteps 0-1000, a model sequence lengths) is a count or a condition that the
-    model reads as it is, and one value has no spread to judge a scale by."""
+    model reads as it is, and one value has no spread to judge a scale by.
+
+    And data is far from unit scale from its first batch: an input that was not at its first
+    step (its largest value below the line) grew so during the run. It is something the model
+    made and was handed back (word_language_model's LSTM state, zeros at step 0, detached and
+    passed in again each batch), not the preprocessing of the data."""
     if not t.dtype.startswith(("float", "bfloat")) or not t.entries:
         return None
     if not isinstance(t.shape, (tuple, list)) or len(t.shape) < 2:
+        return None
+    if t.first is None or not t.first[1] >= FAR_FROM_UNIT:
         return None
     _, absmax, std, mean, _, _, _, _ = t.entries[-1]
     scale = max(abs(mean), std if math.isfinite(std) else 0.0)
