@@ -16,8 +16,8 @@ differ.
 The scripts: the corpus's (tests/scripts/corpus/) GPT in nanoGPT's shape, tiny Llama trained the
 way HF's Trainer does (many small modules), accelerate-style loop of a 4-module MLP with a
 stand-in Accelerator, and word_language_model LSTM; and benchmarks/scripts/'s same MLP loop with
-the real `accelerate.Accelerator` (left out, with the reason printed, where accelerate is not
-importable). Each runs unchanged, in a fresh process, one intra-op thread (OMP_NUM_THREADS=1),
+the real `accelerate.Accelerator` and a tiny Llama trained by the real `transformers.Trainer`
+(each left out, with the reason printed, where its library is not importable). Each runs unchanged, in a fresh process, one intra-op thread (OMP_NUM_THREADS=1),
 under `step_clock.py`, which notes the process's CPU time after every optimizer step (one
 thread does the work: it is the wall time less what other processes take). The intervals
 between steps, the first tenth (at least 5) left out as warm-up, give two measures: their
@@ -63,6 +63,7 @@ CLOCK = Path(__file__).resolve().parent / "step_clock.py"
 SCRIPTS = {
     "healthy_nanogpt": ("nanoGPT-shaped GPT (train.py's loop)", 450, CORPUS, None),
     "healthy_hf_llama": ("tiny Llama, HF Trainer-style (many small modules)", 300, CORPUS, None),
+    "hf_trainer_llama": ("tiny Llama, real transformers.Trainer", 100, OWN, "transformers"),
     "healthy_accelerate_loop": ("accelerate loop, 4-module MLP, stand-in Accelerator", 2000,
                                 CORPUS, None),
     "accelerate_mlp_loop": ("accelerate loop, 4-module MLP, real accelerate.Accelerator", 1500,

@@ -27,6 +27,7 @@ from ..kernel import plain, reducible
 from ..memory import MemoryLedger, peak_bytes
 from ..targets import Target
 from .extras import channel_stats
+from .heap import HEAP
 from .losses import last_operations
 from .pending import Pending
 from .store import Store
@@ -502,6 +503,7 @@ class Recorder:
                 return
             self._store.receive(*step)
         self._store.tell_listeners()
+        HEAP.step()  # the steps kept can keep a loop's freed tensors from being given back
 
     def add_param_groups(self, optimizer, groups: list[dict]) -> None:
         """params=True: the param groups of `optimizer` that hold this model's parameters, as

@@ -28,6 +28,7 @@ MEMORY_COLUMNS = ("mem_out", "mem_saved", "mem_peak")  # memory=True (see memory
 # Steps wait to be finished together up to this many rows (the RAW rows, as many bytes as
 # their VALUES); then a new batch begins, so a first read never finishes more at once.
 _FINISH_ROWS = 1 << 16
+_FIRST_ROWS = 1 << 10  # a batch's first arrays: then doubled as steps come
 HIST_STEPS = 50  # histograms kept per module for insp.hist() over steps (bounded memory)
 
 
@@ -87,12 +88,16 @@ class _Unfinished:
     """RAW rows of steps received, not yet VALUES: `finish` turns all of them at once (one
     `finish` of their rows together: row by row, so the same values to the bit). Records point
     here, never the other way: a record the ring buffer lets go is freed at once, and the batch
-    with the last of its records."""
+    with the last of its records.
+
+    A step's rows are copied into arrays that grow by doubling, not kept as arrays of their
+    own: a small allocation kept per step can split the place a large tensor just freed in
+    the C heap, which then grows by a tensor a step (heap.py)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # a reader may finish while the recorder adds a step
-        self._raw: list[np.ndarray] = []
-        self._numel: list[np.ndarray] = []
+        self._raw: np.ndarray | None = None  # [capacity, RAW] once a step came
+        self._numel: np.ndarray | None = None
         self._exact: list[tuple[int, tuple]] = []  # (row in the batch, VALUES)
         self.rows = 0
         self._values: np.ndarray | None = None
@@ -104,20 +109,30 @@ class _Unfinished:
             if self._values is not None:
                 return None
             start = self.rows
-            self._raw.append(raw)
-            self._numel.append(numel)
+            end = start + len(raw)
+            if self._raw is None or end > len(self._raw):
+                capacity = max(end, _FIRST_ROWS, 2 * (0 if self._raw is None else len(self._raw)))
+                grown = np.empty((capacity, raw.shape[1]))
+                grown_numel = np.empty(capacity)
+                if start:
+                    grown[:start], grown_numel[:start] = self._raw[:start], self._numel[:start]
+                self._raw, self._numel = grown, grown_numel
+            self._raw[start:end] = raw
+            self._numel[start:end] = numel
             self._exact += [(start + row, taken) for row, taken in exact]
-            self.rows = start + len(raw)
-            return start, self.rows
+            self.rows = end
+            return start, end
 
     def finish(self) -> np.ndarray:
         """VALUES of every row taken, computed once (a second reader waits, then has them)."""
         with self.lock:
             if self._values is None:
-                raw = self._raw[0] if len(self._raw) == 1 else np.concatenate(self._raw)
-                numel = self._numel[0] if len(self._numel) == 1 else np.concatenate(self._numel)
-                self._values = finish_rows(raw, numel, self._exact)
-                self._raw, self._numel, self._exact = [], [], []  # let the RAW rows go
+                rows = self.rows
+                if self._raw is None:
+                    self._values = np.empty((0, len(VALUES)))
+                else:
+                    self._values = finish_rows(self._raw[:rows], self._numel[:rows], self._exact)
+                self._raw, self._numel, self._exact = None, None, []  # let the RAW rows go
             return self._values
 
 
