@@ -17,8 +17,8 @@ The scripts: the corpus's (tests/scripts/corpus/) GPT in nanoGPT's shape, tiny L
 way HF's Trainer does (many small modules), accelerate-style loop of a 4-module MLP with a
 stand-in Accelerator, and word_language_model LSTM; and benchmarks/scripts/'s same MLP loop with
 the real `accelerate.Accelerator` and a tiny Llama trained by the real `transformers.Trainer`
-(each left out, with the reason printed, where its library is not importable). Each runs unchanged, in a fresh process, one intra-op thread (OMP_NUM_THREADS=1),
-under `step_clock.py`, which notes the process's CPU time after every optimizer step (one
+(each left out, with the reason printed, where its library is not importable). Each runs
+unchanged, in a fresh process, one intra-op thread (OMP_NUM_THREADS=1), under `step_clock.py`, which notes the process's CPU time after every optimizer step (one
 thread does the work: it is the wall time less what other processes take). The intervals
 between steps, the first tenth (at least 5) left out as warm-up, give two measures: their
 mean, everything an iteration costs, the work that comes every few steps (a full garbage

@@ -3,15 +3,13 @@ of large CPU tensors under `--inspect` took pytorch/examples' word_language_mode
 
 from __future__ import annotations
 
-import ctypes.util
-import sys
-
 import pytest
 from conftest import run_fresh_python
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or "musl" in (ctypes.util.find_library("c") or ""),
-    reason="the heap read and trimmed is glibc's")
+from singlecard_nb.inspection.recording.heap import _glibc
+
+pytestmark = pytest.mark.skipif(_glibc() is None,
+                                reason="the heap read and trimmed is glibc's (2.33+)")
 
 # The heap fragmented as the script's was: glibc's mmap threshold raised by one freed 30 MiB (it rises to at most 32)
 # block, then 48 blocks of 8 MiB, written (resident), each followed by a smaller one (256 KiB) that

@@ -16,7 +16,6 @@ last trim, and more is free than in use. Elsewhere than glibc, nothing is read."
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 
 CHECK_EVERY = 8  # hand-offs (recorded steps) between two reads of the heap's free memory (~1 us)
@@ -30,13 +29,15 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _glibc() -> ctypes.CDLL | None:
-    """The C library where it has mallinfo2 and malloc_trim (glibc 2.33+), else None."""
+    """The C library where it has mallinfo2 and malloc_trim (glibc 2.33+), else None. Read from
+    the symbols the process already has (Python links it): no search for the library file,
+    which `ctypes.util.find_library` makes by running ldconfig or a compiler."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         libc.mallinfo2.restype = _MallInfo2
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: a platform loading no None
         return None
     return libc
 

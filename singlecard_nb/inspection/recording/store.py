@@ -127,11 +127,8 @@ class _Unfinished:
         """VALUES of every row taken, computed once (a second reader waits, then has them)."""
         with self.lock:
             if self._values is None:
-                rows = self.rows
-                if self._raw is None:
-                    self._values = np.empty((0, len(VALUES)))
-                else:
-                    self._values = finish_rows(self._raw[:rows], self._numel[:rows], self._exact)
+                rows = self.rows  # a record is added before it reads: never 0 here
+                self._values = finish_rows(self._raw[:rows], self._numel[:rows], self._exact)
                 self._raw, self._numel, self._exact = None, None, []  # let the RAW rows go
             return self._values
 
