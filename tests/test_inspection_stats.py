@@ -8,6 +8,7 @@ import textwrap
 import threading
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import run_fresh_python
@@ -402,13 +403,43 @@ def test_the_kernel_is_an_extension_module_where_python_headers_are(kernels):
 @pytest.mark.slow
 def test_without_python_headers_the_kernel_loads_through_ctypes(kernels, monkeypatch):
     monkeypatch.setattr(native, "_python_headers", lambda: None)
-    through_ctypes = native._build()
+    through_ctypes, differences = native._build()
     assert set(through_ctypes) == set(kernels)
     assert type(through_ctypes[torch.float32]).__name__ == "function"  # the ctypes wrapper
     for dtype in kernels:
         for n in (5, 4097, 100_003):  # both sides of GIL_RELEASE_NUMEL
             x = values(n, dtype, seed=n)
             assert taken(x, kernels=through_ctypes) == taken(x, kernels=kernels)
+    assert set(differences) == set(native.differences()) == {torch.float32}
+    for n in (5, 4097, 100_003):
+        a, b = values(n, torch.float32, seed=n), values(n, torch.float32, seed=n + 1)
+        assert (difference_taken(a, b, through_ctypes, differences[torch.float32])
+                == difference_taken(a, b, kernels, native.differences()[torch.float32]))
+
+
+def difference_taken(a: torch.Tensor, b: torch.Tensor, kernels, difference) -> list[float]:
+    """VALUES of a - b as the difference kernel reads it, without torch making a - b."""
+    step = stats.StepStats(kernels=kernels)
+    slot = step.add_difference(a, b, a.numel(), difference)
+    return step.table([slot])[0].tolist()
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_the_difference_kernel_reads_a_minus_b_as_torch_makes_it_to_the_bit(kernels, n):
+    # a parameter's update since its copy (params=True's "update" row), with the values that
+    # make subtraction interesting: zeros of both signs, equal values (a zero difference),
+    # denormals, NaN and Inf, at every size the kernel treats its own way
+    a, b = values(n, torch.float32, seed=n), values(n, torch.float32, seed=n + 1)
+    b[::3] = a[::3]
+    a[2::13] = 1e-41
+    b[4::17] = -1e-41
+    for special in ([], [float("inf")], [float("nan")]):
+        if special and n > 7:
+            a[7] = special[0]
+        difference = native.differences()[torch.float32]
+        by_kernel = difference_taken(a, b, kernels, difference)
+        by_torch = taken(a - b, kernels=kernels)
+        assert str(by_kernel) == str(by_torch)  # to the bit, NaN included
 
 
 @pytest.mark.slow
@@ -443,3 +474,50 @@ def test_the_kernel_can_be_turned_off():
     assert not out["ready"] and "off" in out["status"] and not out["warnings"]
     assert "singlecard_nb-native" not in out["threads"]
     assert out["std_error"] < 1e-5
+
+
+def test_params_rows_are_the_same_to_the_bit_through_the_difference_kernel(kernels, monkeypatch):
+    # record_parameter reads a float32 parameter's three rows in one go, Δw without torch
+    # making it; every parameter the common case leaves out (float64, not contiguous, a large
+    # one whose gradient dedupe may have read, one an lr of 0 leaves as it was, one without a
+    # gradient) takes the general path: the frames must be equal either way
+    from singlecard_nb.inspection.recording import recorder
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 300), nn.LayerNorm(300), nn.Linear(300, 80))
+            self.body[0].weight = nn.Parameter(torch.randn(300, 16).t().contiguous().t())
+            self.head = nn.Linear(80, 4).double()
+            self.unused = nn.Parameter(torch.ones(3))  # never a gradient
+
+        def forward(self, x):
+            return self.head(self.body(x).double())
+
+    def run(common_case: bool):
+        torch.manual_seed(0)
+        model = Mixed()
+        still = [model.body[1].weight]  # lr 0: an update of zeros
+        rest = [p for p in model.parameters() if p is not still[0]]
+        opt = torch.optim.AdamW([{"params": rest}, {"params": still, "lr": 0.0}], lr=1e-2)
+        if not common_case:
+            monkeypatch.setattr(recorder.Recorder, "record_parameter", lambda *a: False)
+        with scn.inspect(model, grads=True, params=True) as insp:
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(8, 16)).square().mean().backward()
+                opt.step()
+        monkeypatch.undo()
+        return insp.frame()
+
+    taken_together = []
+    rows_of = recorder.Recorder._parameter_rows
+    monkeypatch.setattr(recorder.Recorder, "_parameter_rows",
+                        lambda *a: taken_together.append(rows_of(*a)) or taken_together[-1])
+    together = run(common_case=True)
+    # a step: the first bias, LayerNorm's two, Linear(300, 80)'s two, the unused one together;
+    # the strided weight and the float64 pair apart
+    assert (taken_together.count(True), taken_together.count(False)) == (3 * 6, 3 * 3)
+    apart = run(common_case=False)
+    assert set(together["io"]) >= {"param", "step_grad", "update"}
+    pd.testing.assert_frame_equal(together, apart, check_exact=True)

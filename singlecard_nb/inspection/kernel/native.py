@@ -47,11 +47,16 @@ ENV = "SINGLECARD_NB_NATIVE"
 # one dense block of memory from data_ptr at `address`, which stays valid (and is not shared)
 # during the call. The caller keeps the tensor alive during the call.
 Kernel = Callable[[int, int, bool, int], None]
+# difference(a_ptr, b_ptr, n, exact, address) -> bool: the row the kernel writes for a - b (a
+# parameter's update Δw since its copy) without torch making a - b; False: not done (no memory).
+Difference = Callable[[int, int, int, bool, int], bool]
+Built = tuple[dict[torch.dtype, Kernel], dict[torch.dtype, Difference]]
 
 _lock = threading.Lock()
 _started = False
 _ready = threading.Event()  # set when the build has ended, well or not
 _kernels: dict[torch.dtype, Kernel] = {}
+_differences: dict[torch.dtype, Difference] = {}  # float32's, from the same build
 _failure: str | None = None  # the warning to give once when the build failed
 _notices = Notices(category=RuntimeWarning)
 
@@ -62,6 +67,11 @@ def kernels() -> dict[torch.dtype, Kernel]:
     if _ready.is_set() and _failure is not None:
         _notices.say("build", _failure, stacklevel=3)
     return _kernels
+
+
+def differences() -> dict[torch.dtype, Difference]:
+    """The difference kernels by dtype (float32's), filled in place with `kernels()`."""
+    return _differences
 
 
 def started() -> bool:
@@ -86,7 +96,7 @@ def start() -> None:
         except Exception:  # no compiler, say: the background build finds out and says so
             cached = None
         if cached:
-            _kernels.update(cached)
+            _take(cached)
             _ready.set()
             return
         threading.Thread(target=_build_in_background, name="singlecard_nb-native",
@@ -114,7 +124,7 @@ def status() -> str:
 def _build_in_background() -> None:
     global _failure
     try:
-        _kernels.update(_build() or {})
+        _take(_build() or ({}, {}))
     except Exception as e:  # said once, in the reducing thread: never raised into a step
         _failure = (
             f"singlecard_nb: the one-pass statistics kernel could not be built "
@@ -126,7 +136,13 @@ def _build_in_background() -> None:
         _ready.set()
 
 
-def _build(only_cached: bool = False) -> dict[torch.dtype, Kernel] | None:
+def _take(built: Built) -> None:
+    kernels, differences = built
+    _differences.update(differences)  # first: a caller that finds a kernel finds its difference
+    _kernels.update(kernels)
+
+
+def _build(only_cached: bool = False) -> Built | None:
     """Load the kernels built for this machine, or build them (once per machine and user:
     a lock keeps concurrent builders, the ranks of a torchrun job, from building together).
 
@@ -233,7 +249,7 @@ def lock_file(handle: Any) -> None:
 
 
 # --- loading: the kinds of library, each checked against torch --------------------------------
-def _load_cached(folder: Path, name: str, remove_broken: bool) -> dict[torch.dtype, Kernel] | None:
+def _load_cached(folder: Path, name: str, remove_broken: bool) -> Built | None:
     """The kernels built before under `name`, checked; None if none loads. `remove_broken`
     (only under the lock): a broken or stale library is deleted, to be built again."""
     for _source, _extra, kind in _builds():
@@ -275,17 +291,18 @@ def _python_headers() -> str | None:
     return include if include and Path(include, "Python.h").is_file() else None
 
 
-def _load_module(path: Path) -> dict[torch.dtype, Kernel]:
+def _load_module(path: Path) -> Built:
     spec = importlib.util.spec_from_file_location("_onepass", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path.name} as a module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {dtype: getattr(module, dtype_name(dtype)) for dtype in _DTYPES
-            if hasattr(module, dtype_name(dtype))}
+    kernels = {dtype: getattr(module, dtype_name(dtype)) for dtype in _DTYPES
+               if hasattr(module, dtype_name(dtype))}
+    return kernels, {torch.float32: module.float32_difference}
 
 
-def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
+def _load_library(path: Path) -> Built:
     # Loaded twice (the same library): through CDLL, calls release the GIL, so other Python
     # threads run during a long read; through PyDLL they keep it, which saves ~0.4 us per call
     # on the small tensors that take a microsecond.
@@ -301,17 +318,23 @@ def _load_library(path: Path) -> dict[torch.dtype, Kernel]:
             fn.restype = None
             fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
         kernels[dtype] = _bind(*fns)
-    return kernels
+    name = "onepass_float32_difference"
+    fns = (getattr(keeping_gil, name), getattr(lib, name))
+    for fn in fns:
+        fn.restype = ctypes.c_int
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                       ctypes.c_void_p)
+    return kernels, {torch.float32: _bind_difference(*fns)}
 
 
 _LOADERS = {"module.so": _load_module, "ctypes.so": _load_library}  # by kind of library
 
 
-def _load(kind: str, path: Path) -> dict[torch.dtype, Kernel]:
+def _load(kind: str, path: Path) -> Built:
     """The kernels of the library at `path`, of `kind`, checked against torch."""
-    kernels = _LOADERS[kind](path)
-    _self_test(kernels)
-    return kernels
+    built = _LOADERS[kind](path)
+    _self_test(*built)
+    return built
 
 GIL_RELEASE_NUMEL = 1 << 16  # from this size (~10 us of reading) other threads may run
 
@@ -323,8 +346,17 @@ def _bind(small, large) -> Kernel:
     return run
 
 
-def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
-    """Compare with torch on values with zeros, ties and a tail that fills no full block."""
+def _bind_difference(small, large) -> Difference:
+    def run(a_ptr: int, b_ptr: int, n: int, exact: bool, address: int) -> bool:
+        return bool((small if n < GIL_RELEASE_NUMEL else large)(a_ptr, b_ptr, n, exact, address))
+
+    return run
+
+
+def _self_test(kernels: dict[torch.dtype, Kernel],
+               differences: dict[torch.dtype, Difference]) -> None:
+    """Compare with torch on values with zeros, ties and a tail that fills no full block; each
+    difference kernel with its kernel on torch's subtraction, to the bit."""
     x = torch.cat([torch.arange(-2000, 3001, dtype=torch.float64) / 8, torch.zeros(7)])
     out = (ctypes.c_double * 8)()
     for dtype, run in kernels.items():
@@ -336,3 +368,11 @@ def _self_test(kernels: dict[torch.dtype, Kernel]) -> None:
         run(t.data_ptr(), t.numel(), False, ctypes.addressof(out))
         if not all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9) for a, b in zip(out, expected)):
             raise RuntimeError(f"self-test failed for {dtype}: {list(out)} instead of {expected}")
+    for dtype, difference in differences.items():
+        a, b = (x * 1.1).to(dtype), (x.flip(0) / 3).to(dtype)
+        by_torch, update = (ctypes.c_double * 8)(), a - b  # alive during the call
+        kernels[dtype](update.data_ptr(), a.numel(), False, ctypes.addressof(by_torch))
+        done = difference(a.data_ptr(), b.data_ptr(), a.numel(), False, ctypes.addressof(out))
+        if not done or bytes(out) != bytes(by_torch):
+            raise RuntimeError(f"self-test failed for the {dtype} difference: {list(out)} "
+                               f"instead of {list(by_torch)}")

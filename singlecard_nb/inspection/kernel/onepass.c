@@ -33,6 +33,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -237,3 +238,18 @@ int onepass_has_float16(void) { return 1; }
 #else
 int onepass_has_float16(void) { return 0; }
 #endif
+
+/* onepass_float32_difference(a, b, n, exact, out): the row onepass_float32 writes for a - b, the
+   update Δw of a parameter (a) since its copy (b), without torch making Δw: the subtraction is
+   IEEE float32's, correctly rounded as torch's is, so the values and the row are the same to the
+   bit. Small tensors subtract on the stack; larger ones into memory allocated for the call.
+   Returns 0, writing nothing, when that memory cannot be had (the caller subtracts with torch). */
+int onepass_float32_difference(const float *a, const float *b, int64_t n, int exact, double *out) {
+    float on_stack[BLOCK];
+    float *d = n <= BLOCK ? on_stack : (float *)malloc((size_t)n * sizeof(float));
+    if (d == NULL) return 0;
+    for (int64_t i = 0; i < n; i++) d[i] = a[i] - b[i];
+    onepass_float32(d, n, exact, out);
+    if (d != on_stack) free(d);
+    return 1;
+}

@@ -103,6 +103,8 @@ class StepStats:
         self._zero: dict[torch.device, torch.Tensor] = {}  # DeviceRows' zero, by device
         self._kernels = native.kernels() if kernels is None else kernels  # {} until built
         self.kernels = self._kernels  # read by the recorder's path for plain CPU tensors
+        # and the difference kernels, for a parameter's update (injected kernels have none)
+        self.differences = native.differences() if kernels is None else {}
         self._build = kernels is None  # the first CPU tensor starts building the kernels
         # RAW rows the kernel writes, by slot: (rows, address) chunks that never move, so the
         # address a kernel writes to stays valid even while another thread adds a chunk
@@ -175,6 +177,18 @@ class StepStats:
         else:
             address = self._row_address(slot)
         kernel(t.data_ptr(), n, self.exact_std, address)
+        return slot
+
+    def add_difference(self, a: torch.Tensor, b: torch.Tensor, n: int,
+                       difference: native.Difference) -> int | None:
+        """`add_dense` of a - b without making it (a parameter's update since its copy): both
+        as `add_dense` takes them, of the same shape and of the difference's dtype. None when
+        the kernel could not (no memory to subtract into): nothing added."""
+        slot = self._count
+        if not difference(a.data_ptr(), b.data_ptr(), n, self.exact_std, self._row_address(slot)):
+            return None
+        self._count = slot + 1
+        self._numel[slot] = n
         return slot
 
     def _check_range(self, slot: int, v: torch.Tensor) -> None:

@@ -172,10 +172,9 @@ class Snapshots:
                       f"not recorded: copying them before each optimiser step would take more "
                       f"than {self.budget >> 20} MiB. The ranking still sees their growth.")
 
-    def update(self, param: torch.Tensor) -> torch.Tensor | None:
-        """Δw of `param` since `take` (its copy is let go), or None if `take` did not copy it."""
-        before = self._before.pop(id(param), None)
-        return None if before is None else param.detach() - before  # detached: no no_grad
+    def take_back(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The copy `take` made of `param` (no longer kept here), or None if it made none."""
+        return self._before.pop(id(param), None)
 
     def clear(self) -> None:
         self._before.clear()

@@ -71,10 +71,12 @@ class OptimizerRows:
                     recorder.guarded(recorder.record_tensor, target, 0, "buffer", name,
                                      buffer.detach(), module.training)
         record = recorder.record_safely  # each row's failure said, never raised
-        # parameter by parameter, Δw made and read and let go in turn: no tensor, tuple or list
-        # per parameter outlives its rows (recorder._GradHook says why that matters), and at
-        # most one Δw exists at a time (a foreach subtraction of all held a second copy of the
-        # parameters; on the CPU it cost the same per tensor)
+        take_back = self.snapshots.take_back
+        # parameter by parameter, Δw made (if at all: record_parameter reads it unmade) and read
+        # and let go in turn: no tensor, tuple or list per parameter outlives its rows
+        # (recorder._GradHook says why that matters), and at most one Δw exists at a time (a
+        # foreach subtraction of all held a second copy of the parameters; on the CPU it cost
+        # the same per tensor)
         for entry in mine:
             param, module = entry[0](), entry[3]()
             if param is None or module is None:
@@ -84,20 +86,23 @@ class OptimizerRows:
             call = calls.get(key, 0)
             calls[key] = call + 1
             training = module.training
+            before = take_back(param)  # None where it was not copied (beyond the budget)
+            if recorder.record_parameter(target, call, name, param, before, training):
+                continue
             record(target, call, "param", name, param.detach(), training)
             grad = param.grad
             if grad is not None:
                 record(target, call, "step_grad", name, grad, training)
-            recorder.guarded(self._record_update, target, call, name, param, training)
+            if before is not None:
+                recorder.guarded(self._record_update, target, call, name, param, before,
+                                 training)
         self.snapshots.clear()
 
-    def _record_update(self, target, call: int, name: str, param, training: bool) -> None:
-        """The "update" row of `param`: Δw since its copy before the step (then let go); none
-        where it was not copied (beyond the budget)."""
+    def _record_update(self, target, call: int, name: str, param, before, training: bool) -> None:
+        """The "update" row of `param`: Δw since `before`, its copy from before the step."""
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        update = self.snapshots.update(param)
-        if update is not None:
-            self._recorder.record_safely(target, call, "update", name, update, training)
+        self._recorder.record_safely(target, call, "update", name, param.detach() - before,
+                                     training)
 
     def _carried(self, mine: list) -> set[int]:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:

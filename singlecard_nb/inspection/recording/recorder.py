@@ -48,6 +48,7 @@ _FRESH_EACH_TIME = frozenset({"param", "update"})
 # ~15 us of ~215), and what the ranking reads of them is the latest, dated with its step
 DESCRIBED_EVERY = 16
 _FLOAT64, _STRIDED = torch.float64, torch.strided  # module globals: read once per tensor
+_PARAMETER = nn.Parameter
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 _ARG_INDEX = tuple(f"[{i}]" for i in range(8))  # walk_tensors' index of positional tensors
@@ -69,6 +70,13 @@ def _shape(size: torch.Size) -> tuple:
         shape = tuple(size)
         _SHAPES[shape] = shape
     return shape
+
+
+def _one_block(t: torch.Tensor) -> bool:
+    """Whether the kernel can read `t` where it lies: plain values in one block of memory
+    (data_ptr() 0: no memory to read, a ZeroTensor)."""
+    return (t.layout is _STRIDED and not t.is_nested and t.is_contiguous() and not t.is_neg()
+            and t.data_ptr() != 0)
 
 
 def _device_name(device: torch.device) -> str:
@@ -165,6 +173,7 @@ class Recorder:
         self._dense_path = not trap and memory is None
         self._dense_calls = self._dense_path and inputs is not True  # a call's only row: its output
         self._kernels = self.pending.stats.kernels  # native's: filled in place once built
+        self._differences = self.pending.stats.differences  # likewise
         self._call_saved = 0.0  # what the call being recorded saved: on its first output row
         # what the trap adds when a module's own weights are already non-finite (the engine
         # asks the ranking: the first parameter that grew)
@@ -367,6 +376,58 @@ class Recorder:
             self.flush()
         if self.grads and io == "output" and t.requires_grad:
             self.hook_grad(t, target, call, index, training)
+        return True
+
+    def record_parameter(self, target: Target, call: int, name: str, param: torch.Tensor,
+                         before: torch.Tensor | None, training: bool) -> bool:
+        """params=True's rows of a parameter an optimiser step updated, in one go for the
+        common case, a plain float32 CPU parameter in one block, without trap or memory rows:
+        "param", "step_grad" (its .grad, when there) and "update" (Δw = param - `before`, its
+        copy from before the step, when there). Δw is read by the difference kernel without
+        torch making it, and the rest as `_record_dense` reads it: the same rows to the bit as
+        `record_safely` makes of each, for about half the time a parameter. False: nothing
+        recorded, the caller records each row that way. A failure is said once, never raised
+        (as `record_safely`'s)."""
+        try:
+            return self._parameter_rows(target, call, name, param, before, training)
+        except Exception as e:
+            self._failed(e, target.path)
+            return True
+
+    def _parameter_rows(self, target: Target, call: int, name: str, param: torch.Tensor,
+                        before: torch.Tensor | None, training: bool) -> bool:
+        kernel, difference = self._kernels.get(param.dtype), self._differences.get(param.dtype)
+        if (kernel is None or difference is None or not self._dense_path
+                or type(param) is not _PARAMETER or not param.is_cpu or target.hist
+                or not _one_block(param)):
+            return False
+        n, grad = param.numel(), param.grad
+        grad_here = (grad is not None and type(grad) is torch.Tensor and grad.is_cpu
+                     and grad.dtype is param.dtype and n <= DEDUPE_NUMEL and _one_block(grad))
+        meta = (_shape(param.shape), _DTYPE_NAMES[param.dtype], "cpu", training)
+        head = (target.path, target.type_name, call)
+        with self._lock:
+            pending = self.pending
+            stats, rows, slots, step = pending.stats, pending.rows, pending.slots, self.step
+            slots.append(stats.add_dense(param, n, kernel))
+            rows.append((step, *head, "param", name, *meta))
+            if grad_here:
+                slots.append(stats.add_dense(grad, n, kernel))
+                rows.append((step, *head, "step_grad", name, *meta))
+        if grad is not None and not grad_here:  # a large one may have been read (dedupe)
+            self.record_safely(target, call, "step_grad", name, grad, training)
+        if before is not None:
+            with self._lock:
+                pending = self.pending  # the same, unless the general path just flushed it
+                slot = pending.stats.add_difference(param, before, n, difference)
+                if slot is not None:
+                    pending.slots.append(slot)
+                    pending.rows.append((self.step, *head, "update", name, *meta))
+            if slot is None:  # no memory to subtract into: torch makes Δw
+                self.record_safely(target, call, "update", name, param.detach() - before,
+                                   training)
+        if len(self.pending.rows) >= self.pending.max_rows:  # steps="manual" without step()
+            self.flush()
         return True
 
     def _plain(self, t: torch.Tensor) -> torch.Tensor | None:
