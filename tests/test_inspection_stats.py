@@ -420,7 +420,7 @@ def test_without_python_headers_the_kernel_loads_through_ctypes(kernels, monkeyp
 def difference_taken(a: torch.Tensor, b: torch.Tensor, kernels, difference) -> list[float]:
     """VALUES of a - b as the difference kernel reads it, without torch making a - b."""
     step = stats.StepStats(kernels=kernels)
-    slot = step.add_difference(a, b, a.numel(), difference)
+    slot = step.add_difference(a, b.data_ptr(), a.numel(), difference)
     return step.table([slot])[0].tolist()
 
 
@@ -521,3 +521,25 @@ def test_params_rows_are_the_same_to_the_bit_through_the_difference_kernel(kerne
     apart = run(common_case=False)
     assert set(together["io"]) >= {"param", "step_grad", "update"}
     pd.testing.assert_frame_equal(together, apart, check_exact=True)
+
+
+def test_a_parameter_resized_during_the_optimisers_step_is_said_and_its_copy_not_overread(
+        kernels):
+    # the copy from before the step has the old size: reading the new one's Δw against it
+    # would read past the copy's end
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+
+    class Growing(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            with torch.no_grad():
+                model[0].weight.data = torch.randn(64, 64)
+
+    opt = Growing(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="replaced by a tensor of another size"), \
+            scn.inspect(model, grads=True, params=True) as insp:
+        opt.zero_grad()
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    updates = insp.frame().query("io == 'update'")
+    assert sorted(updates["index"] + "@" + updates["module"]) == ["bias@0", "bias@1", "weight@1"]

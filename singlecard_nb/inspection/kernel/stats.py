@@ -179,13 +179,13 @@ class StepStats:
         kernel(t.data_ptr(), n, self.exact_std, address)
         return slot
 
-    def add_difference(self, a: torch.Tensor, b: torch.Tensor, n: int,
+    def add_difference(self, a: torch.Tensor, b_address: int, n: int,
                        difference: native.Difference) -> int | None:
-        """`add_dense` of a - b without making it (a parameter's update since its copy): both
-        as `add_dense` takes them, of the same shape and of the difference's dtype. None when
-        the kernel could not (no memory to subtract into): nothing added."""
+        """`add_dense` of a - b without making it (a parameter's update since its copy): a as
+        `add_dense` takes it, b the address of as many values of the difference's dtype. None
+        when the kernel could not (no memory to subtract into): nothing added."""
         slot = self._count
-        if not difference(a.data_ptr(), b.data_ptr(), n, self.exact_std, self._row_address(slot)):
+        if not difference(a.data_ptr(), b_address, n, self.exact_std, self._row_address(slot)):
             return None
         self._count = slot + 1
         self._numel[slot] = n

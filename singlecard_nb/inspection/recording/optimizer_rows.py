@@ -99,10 +99,11 @@ class OptimizerRows:
         self.snapshots.clear()
 
     def _record_update(self, target, call: int, name: str, param, before, training: bool) -> None:
-        """The "update" row of `param`: Δw since `before`, its copy from before the step."""
+        """The "update" row of `param`: Δw since `before`, its copy from before the step (as
+        `Snapshots.take_back` gives it)."""
         __tracebackhide__ = TRAP_FRAME  # a NonFiniteError passes through
-        self._recorder.record_safely(target, call, "update", name, param.detach() - before,
-                                     training)
+        update = param.detach() - self.snapshots.as_tensor(param, before)
+        self._recorder.record_safely(target, call, "update", name, update, training)
 
     def _carried(self, mine: list) -> set[int]:
         """ids of the parameters whose .grad this step is last step's tensor, one version on:

@@ -379,15 +379,16 @@ class Recorder:
         return True
 
     def record_parameter(self, target: Target, call: int, name: str, param: torch.Tensor,
-                         before: torch.Tensor | None, training: bool) -> bool:
+                         before: torch.Tensor | int | None, training: bool) -> bool:
         """params=True's rows of a parameter an optimiser step updated, in one go for the
         common case, a plain float32 CPU parameter in one block, without trap or memory rows:
-        "param", "step_grad" (its .grad, when there) and "update" (Δw = param - `before`, its
-        copy from before the step, when there). Δw is read by the difference kernel without
-        torch making it, and the rest as `_record_dense` reads it: the same rows to the bit as
-        `record_safely` makes of each, for about half the time a parameter. False: nothing
-        recorded, the caller records each row that way. A failure is said once, never raised
-        (as `record_safely`'s)."""
+        "param", "step_grad" (its .grad, when there) and "update" (Δw = param - its copy from
+        before the step, when there: `before`, the copy's address, as extras.Snapshots takes
+        it). Δw is read by the difference kernel without torch making it, and the rest as
+        `_record_dense` reads it: the same rows to the bit as `record_safely` makes of each,
+        for about half the time a parameter (docs/speed.md). False: nothing recorded (a copy
+        that is a tensor too), the caller records each row that way. A failure is said once,
+        never raised (as `record_safely`'s)."""
         try:
             return self._parameter_rows(target, call, name, param, before, training)
         except Exception as e:
@@ -395,11 +396,11 @@ class Recorder:
             return True
 
     def _parameter_rows(self, target: Target, call: int, name: str, param: torch.Tensor,
-                        before: torch.Tensor | None, training: bool) -> bool:
+                        before: torch.Tensor | int | None, training: bool) -> bool:
         kernel, difference = self._kernels.get(param.dtype), self._differences.get(param.dtype)
         if (kernel is None or difference is None or not self._dense_path
                 or type(param) is not _PARAMETER or not param.is_cpu or target.hist
-                or not _one_block(param)):
+                or not _one_block(param) or (before is not None and type(before) is not int)):
             return False
         n, grad = param.numel(), param.grad
         grad_here = (grad is not None and type(grad) is torch.Tensor and grad.is_cpu
@@ -420,12 +421,12 @@ class Recorder:
             with self._lock:
                 pending = self.pending  # the same, unless the general path just flushed it
                 slot = pending.stats.add_difference(param, before, n, difference)
-                if slot is not None:
-                    pending.slots.append(slot)
-                    pending.rows.append((self.step, *head, "update", name, *meta))
-            if slot is None:  # no memory to subtract into: torch makes Δw
-                self.record_safely(target, call, "update", name, param.detach() - before,
-                                   training)
+                pending.slots.append(slot)  # None: a row without statistics, said below
+                pending.rows.append((self.step, *head, "update", name, *meta))
+            if slot is None:
+                self._diagnostics.say("update-memory", f"the update Δw of {name!r} (and any "
+                                      "other that cannot) is recorded without statistics: "
+                                      "there was no memory to subtract into.")
         if len(self.pending.rows) >= self.pending.max_rows:  # steps="manual" without step()
             self.flush()
         return True
