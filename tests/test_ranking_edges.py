@@ -3,6 +3,7 @@ what was measured (issue 41)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -150,3 +151,53 @@ def test_a_state_handed_back_in_that_grew_during_the_run_is_not_called_unnormali
                        70.0, 255.0, 0, 0, 0.0)
     found = [r.why for r in assess(tracks) if "far from unit scale" in r.why]
     assert len(found) == 1 and found[0].startswith("the model's input [2] is far"), found
+
+
+class _Blocks(nn.Module):
+    """A model made on the meta device and moved with to_empty(), as FSDP2's example does,
+    whose reset_parameters forgets its blocks (pytorch/examples' distributed/FSDP2 model.py
+    does: its blocks keep whatever memory to_empty() gave them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16))
+                                      for _ in range(3)))
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, tokens):
+        return self.head(self.blocks(self.embed(tokens)))
+
+    def reset_parameters(self):
+        self.embed.reset_parameters()
+        self.head.reset_parameters()
+
+
+def _blocks_findings(garbage: float | None) -> list[str]:
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = _Blocks()
+    model.to_empty(device="cpu")
+    model.reset_parameters()
+    for block in model.blocks:  # what to_empty() left them: here, the same on every machine
+        for p in block.parameters():
+            nn.init.normal_(p, std=0.2) if garbage is None else nn.init.constant_(p, garbage)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with scn.inspect(model) as insp:
+        for _ in range(5):
+            tokens = torch.randint(0, 64, (8, 12))
+            loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return [row.text() for row in insp.findings()]
+
+
+def test_weights_to_empty_left_uninitialised_are_the_first_pointer():
+    found = _blocks_findings(garbage=3e33)
+    assert found[0].startswith("blocks.0.0 (output")
+    assert re.search(r"the first module whose output had exploded: absmax [\d.]+e\+3\d at step 0",
+                     found[0])
+    assert "never initialised?" in found[0]
+    # initialised, the same model says nothing
+    assert _blocks_findings(garbage=None) == []

@@ -30,6 +30,9 @@ OUTLIER_RATIO = 8.0  # absmax this many times its type's median, and far out in 
 SMALL_GROUP_RATIO = 100.0  # in a group of 2 or 3, this many times the others' median (a
 # GAN's generator has Linears ×20 apart, by their fan-in)
 DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
+# Below this an activation of the first step has not exploded: what comes before the module
+# where an explosion began (EXPLODED: past any product a float32 can hold, 2.7e15) stays here
+SANE = 1e6
 
 
 def assess(tracks: dict[str, Track]) -> list[Row]:
@@ -41,6 +44,9 @@ def assess(tracks: dict[str, Track]) -> list[Row]:
     rows = [_assess(t, peers, upstream.get(t.path)) for t in live]
     rows += depth_growth(live)
     by_path = {r.path: r for r in rows}
+    began = _exploded_from_the_start(in_order)
+    if began is not None:
+        _began_here(by_path[began.path], began)
     for row in rows:
         if row.tier == DEAD_TIER:
             cause = upstream.get(row.path)
@@ -210,6 +216,41 @@ def _overflow(t: Track, upstream: Track | None) -> str:
                 f"hold in {t.dtype}; find where they began to grow")
     return (born + ": an operation in its forward made them (log or sqrt of 0 or a negative "
             "number, a division by 0, exp overflow)")
+
+
+def _exploded_from_the_start(in_order: list[Track]) -> Track | None:
+    """The first module of the first recorded step whose output had exploded (finite, past
+    EXPLODED for its dtype) while every module before it in that step stayed below SANE:
+    where the explosion began, already at the start. None when there is none, or when
+    something before it was already large or NaN/Inf (then that is where to look)."""
+    if not in_order:
+        return None
+    start = min(t.first[0] for t in in_order if t.first is not None)
+    for t in in_order:
+        if t.first is None or t.first[0] != start:
+            continue  # first called at a later step: no part of the first one
+        absmax = t.first[1]
+        if not absmax < SANE:  # NaN too
+            exploded = EXPLODED.get(t.dtype, math.inf) <= absmax < math.inf
+            return t if exploded else None
+    return None
+
+
+def _began_here(row: Row, t: Track) -> None:
+    """The row of the module where the explosion began at the start (see above) says so and
+    ranks from that step."""
+    step, absmax = t.first
+    words = (f"the first module whose output had exploded: absmax {num(absmax)} at step {step}"
+             f", the first recorded, while every module before it stayed below {num(SANE)}; "
+             "its weights held such values from the start (never initialised? a model made on "
+             "the meta device and moved with to_empty() keeps whatever memory it got until an "
+             "init reaches each of its modules), or an operation before it in the forward "
+             "made them")
+    if row.tier <= WAS_NONFINITE:
+        row.why += f"; {words}"
+    else:
+        row.tier, row.score, row.why = MOVING, math.log(absmax), words
+    row.since, row.phase = step, FORWARD
 
 
 def _all_below_zero(t: Track) -> bool:
