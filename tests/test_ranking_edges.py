@@ -201,3 +201,73 @@ def test_weights_to_empty_left_uninitialised_are_the_first_pointer():
     assert "never initialised?" in found[0]
     # initialised, the same model says nothing
     assert _blocks_findings(garbage=None) == []
+
+
+class _MinGPTStem(nn.Module):
+    """minGPT's shape (pytorch/examples' distributed/minGPT-ddp): token embeddings plus a
+    position embedding that starts at 0, an MLP, a head."""
+
+    def __init__(self, vocab: int = 32, block: int = 16, width: int = 32, head_std: float = 0.02):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Parameter(torch.zeros(1, block, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, vocab)
+        nn.init.normal_(self.head.weight, std=head_std)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[:, :idx.shape[1]]
+        return self.head(x + self.mlp(x))
+
+
+def _stem_findings(scaler: bool = False, reduction: str = "mean", loss_scale: float = 1.0,
+                   head_std: float = 0.02, projection_std: float | None = None) -> list[str]:
+    torch.manual_seed(0)
+    model = _MinGPTStem(head_std=head_std)
+    if projection_std is not None:  # GPT-2's smaller init of a residual projection, smaller
+        nn.init.normal_(model.mlp[2].weight, std=projection_std)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    # a scale of 2^20 (GradScaler's own start is 2^16): this small model's gradients then reach
+    # what minGPT's reach at 2^16 (a position embedding's: 655)
+    scaling = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20) if scaler else None
+    with scn.inspect(model, grads=True, params=True) as insp:
+        for _ in range(30):
+            idx = torch.randint(0, 32, (64, 16))
+            loss = nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten(),
+                                               reduction=reduction)
+            if loss_scale != 1.0:  # an operation after the loss: the loss rules read no more
+                loss = loss * loss_scale
+            if scaling is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scaling.scale(loss).backward()
+                scaling.step(optimizer)
+                scaling.update()
+            optimizer.zero_grad()
+    return [row.text() for row in insp.findings()]
+
+
+def test_a_position_embedding_that_starts_at_0_is_not_an_exploding_gradient():
+    # its first update is all of its size (it was 0): with gradients of 100 or more (a loss
+    # scaled by hand; Adam does not mind) that read as "the update dwarfed them"; and a
+    # GradScaler's backward gradients are the scale times what the optimiser steps with
+    assert _stem_findings(loss_scale=1e6) == []
+    assert _stem_findings(scaler=True) == []
+
+
+def test_gradients_a_grad_scaler_scaled_are_read_as_the_optimiser_stepped_with_them():
+    # backward's are 2^20 times larger: a projection initialised at 1e-4 moves by ~its size
+    # at the first step (Adam), and the head's gradient, 10^4 times the blocked MLP's, passes
+    # every absolute line; as the optimiser took them (step_grad rows) nothing stands out
+    assert _stem_findings(scaler=True, projection_std=1e-4) == []
+
+
+def test_a_summed_cross_entropy_is_judged_per_prediction():
+    # reduction="sum" over 64 × 16 predictions: ~1024 × log(32) at init is what healthy
+    # logits give; logits far from 0 are still found, said per prediction
+    assert _stem_findings(reduction="sum") == []
+    (found,) = [f for f in _stem_findings(reduction="sum", head_std=3.0) if f.startswith("loss")]
+    assert "a sum over 1024 predictions of" in found
+    assert "the logits start far from 0" in found

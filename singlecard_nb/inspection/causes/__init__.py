@@ -54,9 +54,14 @@ def assess(tracks: Tracks) -> list[Row]:
     rows = outputs.assess(tracks.by_path)
     rows += inputs.assess(tracks.inputs, tracks.channels)
     rows += params.assess(tracks.params, tracks.updates)
-    rows += grads.assess(tracks.grads or tracks.step_grads)
-    rows += grads.against_weights(tracks.grads or tracks.step_grads, tracks.params,
-                                  tracks.updates, {r.path for r in rows if r.kind == "grad"})
+    # Gradients as the optimiser stepped with them where a GradScaler scaled backward's (by
+    # its loss scale, 65536 at first: sizes mean nothing, and Inf where it then skipped the
+    # step): params=True's step_grad rows. Without them, against the weights says nothing.
+    gradients = tracks.grads or tracks.step_grads
+    stepped = tracks.step_grads if tracks.scaled else gradients
+    rows += grads.assess(stepped or gradients)
+    rows += grads.against_weights(stepped, tracks.params, tracks.updates,
+                                  {r.path for r in rows if r.kind == "grad"})
     rows += grads.clipped(tracks.step_grads, tracks.grads, tracks.scaled)
     rows += learning.assess(tracks)
     rows += loss.assess(tracks)

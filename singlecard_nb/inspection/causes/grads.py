@@ -83,9 +83,14 @@ def against_weights(grads: dict[str, Track], params: dict[str, Track],
             continue
         sizes = {p[0]: p[2] for p in param.trail.all()}
         moved = {p[0]: p[2] for p in update.trail.all()}
+        # a parameter that starts at 0 (minGPT's and ViT's position embeddings) is its first
+        # update, all of its size: its values after its first step are exactly that step's Δw
+        made_by_first = param.first is not None and param.first == update.first
         for step, absmax, _ in grad.trail.all():
             weights, delta = sizes.get(step), moved.get(step)
             if not weights or delta is None or not BIG_GRADIENT <= absmax < math.inf:
+                continue
+            if made_by_first and step == param.first[0]:
                 continue
             if delta >= REPLACED * weights:
                 rows.append(row_of(

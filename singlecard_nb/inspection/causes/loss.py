@@ -70,8 +70,8 @@ def double_softmax(tracks: Tracks) -> Row | None:
         return None
     softmaxes = [t for t in tracks.by_path.values() if t.type == "Softmax" and t.entries]
     path = max(softmaxes, key=lambda t: t.order).path if softmaxes else "loss"
-    taken = "cross_entropy (log_softmax, then NllLoss)" if "NllLoss" in ops[:hit + 1] else \
-        "log_softmax"
+    taken = "cross_entropy (log_softmax, then NllLoss)" if any(
+        op.startswith("NllLoss") for op in ops[:hit + 1]) else "log_softmax"
     why = (f"the loss takes {taken} of the output of a Softmax ({path or '(root)'}): "
            "CrossEntropyLoss wants logits, so softmax is applied twice and the gradients "
            "shrink; return the logits (drop the Softmax, or apply it only to predict)")
@@ -105,20 +105,27 @@ def loss_at_init(tracks: Tracks) -> Row | None:
     init). Read when the model's output is the loss's input (its last dimension the classes)."""
     ops = tracks.loss_ops
     root = tracks.by_path.get("")
-    if ops[:2] != ["NllLoss", "LogSoftmax"] or not tracks.losses or root is None:
+    if (ops[:2] not in (["NllLoss", "LogSoftmax"], ["NllLoss(sum)", "LogSoftmax"])
+            or not tracks.losses or root is None):
         return None
     shape = root.shape
     classes = shape[-1] if isinstance(shape, (tuple, list)) and shape else 0
     step, value = tracks.losses[0]
-    if not isinstance(classes, int) or classes < 2 or not math.isfinite(value):
+    if (not isinstance(classes, int) or classes < 2 or not math.isfinite(value)
+            or not all(isinstance(size, int) for size in shape)):
         return None
     uniform = math.log(classes)
+    starts = f"the loss starts at {num(value)} (step {step})"
+    if ops[0] == "NllLoss(sum)":  # reduction="sum" (pytorch/examples' VAE, fairseq): the loss
+        predictions = math.prod(shape[:-1])  # of each prediction, added up
+        value /= max(predictions, 1)
+        starts += f", a sum over {predictions} predictions of {num(value)} each"
     if value < INIT_LOSS * uniform:
         return None
-    why = (f"the loss starts at {num(value)} (step {step}), {value / uniform:.3g}× a uniform "
-           f"guess's log({classes}) = {num(uniform)}: the logits start far from 0, so the "
-           "first steps only shrink them; initialise the last layer smaller (or zero its "
-           "weights), and check the loss at init")
+    why = (f"{starts}, {value / uniform:.3g}× a uniform guess's log({classes}) = "
+           f"{num(uniform)}: the logits start far from 0, so the first steps only shrink "
+           "them; initialise the last layer smaller (or zero its weights), and check the loss "
+           "at init")
     return _row(why, OUTLIER, step, FORWARD, math.log(value / uniform), tracks)
 
 

@@ -27,7 +27,8 @@ OPS = 12  # autograd operations named from the loss back: `neg ← sum ← mul �
 def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
     """The names of the loss's last autograd operations, nearest first, breadth-first over
     each node's inputs ("NllLoss", "LogSoftmax", "Softmax", "Addmm", ...; a `where` keeps both
-    branches), leaves left out: what the words about the loss may name."""
+    branches; "NllLoss(sum)" for cross_entropy(reduction="sum")), leaves left out: what the
+    words about the loss may name."""
     names, queue, seen, held = [], [loss.grad_fn], set(), []
     position = 0
     while position < len(queue) and len(names) < most:
@@ -42,6 +43,8 @@ def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
         if name is None:
             name = _NAMES[kind] = kind.__name__.removesuffix("Backward0").removesuffix(
                 "Backward1")
+        if name == "NllLoss" and getattr(node, "_saved_reduction", 1) == _SUM:
+            name = "NllLoss(sum)"  # reduction="sum": the loss of each prediction, added up
         if name != "AccumulateGrad":
             names.append(name)
         for next_node, _ in node.next_functions:
@@ -49,6 +52,7 @@ def last_operations(loss: torch.Tensor, most: int = OPS) -> list[str]:
     return names
 
 
+_SUM = 2  # torch's Reduction::Sum, an NllLoss node's _saved_reduction
 _NAMES: dict[type, str] = {}  # an autograd node's type -> its name in last_operations (once per type)
 
 
