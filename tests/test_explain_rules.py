@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import inspect
 import pkgutil
+import textwrap
 
+from conftest import run_fresh_python
 from torch import nn
 
 from singlecard_nb.diagnosis import hints, rules
@@ -57,3 +59,46 @@ def test_every_rule_of_the_rule_modules_is_in_the_list_once():
                if fn.__module__ == module.__name__ and not name.startswith("_")}
     assert set(hints.RULES) == defined
     assert len(hints.RULES) == len(defined)  # none twice
+
+
+def test_a_tensor_parallel_attention_on_cpu_ranks_is_said_to_need_gpus():
+    # pytorch/examples' tensor_parallelism/fsdp_tp_example.py under `--device cpu`: torch picks
+    # SDPA's CPU kernel, which DTensor cannot shard (it can the GPU's); a world of one shows it
+    found, _ = run_fresh_python(textwrap.dedent("""
+        import json, os, torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch import nn
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        import singlecard_nb as scn
+        from singlecard_nb.job import free_port
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        mesh = init_device_mesh("cpu", (1,))
+
+        class Attention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+            def forward(self, x):
+                shape = (2, 4, 2, 4)
+                q, k, v = (p(x).view(shape).transpose(1, 2) for p in (self.q, self.k, self.v))
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        model = parallelize_module(Attention(), mesh, {name: ColwiseParallel(use_local_output=False)
+                                                       for name in ("q", "k", "v")})
+        try:
+            model(torch.randn(2, 4, 8))
+        except NotImplementedError as e:
+            message = str(e)
+            hint = scn.explain(e).hint
+        dist.destroy_process_group()
+        print(json.dumps({"message": message, "hint": hint}))
+        """))
+    assert "_for_cpu" in found["message"]
+    assert found["hint"].startswith("DTensor (tensor parallelism) has no sharding strategy for "
+                                    "aten._scaled_dot_product_flash_attention_for_cpu")
+    assert "runs on GPUs, not on CPU ranks" in found["hint"]

@@ -27,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     tensors.non_finite,
     tensors.device_side_assert,
     distributed.unused_parameters,  # DDP's own error, whatever module it surfaces in
+    distributed.cpu_kernel_not_sharded,  # DTensor's, likewise
     memory.out_of_memory,  # torch.OutOfMemoryError / the CPU's "can't allocate memory"
     tensors.device_mismatch,
     tensors.not_a_tensor,

@@ -1,5 +1,7 @@
-"""Rules on DistributedDataParallel's own errors: its reducer's parameter indices said as the
-parameters' names and the modules that hold them.
+"""Rules on the errors of torch's distributed training: DistributedDataParallel's reducer's
+parameter indices said as the parameters' names and the modules that hold them; DTensor's
+missing sharding strategy for an operation's CPU kernel (tensor parallelism under `--device
+cpu`).
 
 Each rule reads a `Failure` and returns one sentence or None; `hints.RULES` orders them.
 """
@@ -7,6 +9,9 @@ Each rule reads a `Failure` and returns one sentence or None; `hints.RULES` orde
 from __future__ import annotations
 
 import re
+import sys
+
+import torch
 
 from ..failure import Failure
 
@@ -41,3 +46,31 @@ def unused_parameters(f: Failure) -> str | None:
             f"backward on rank {found.group(1)}: {', '.join(unused)} (held by "
             f"{', '.join(holders)}): forward never used them in what the loss depends on; use "
             "them, remove them, or pass find_unused_parameters=True to DistributedDataParallel")
+
+
+_NO_STRATEGY = re.compile(
+    r"Operator aten\.(\w+)_for_cpu\.(\w+) does not have a sharding strategy registered")
+
+
+def cpu_kernel_not_sharded(f: Failure) -> str | None:
+    """DTensor's "Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not
+    have a sharding strategy registered": a tensor-parallel model (pytorch/examples'
+    tensor_parallelism/fsdp_tp_example.py) run on CPU ranks, where torch picks a CPU kernel
+    DTensor cannot shard. Said only when DTensor has a strategy for the GPU's kernel of it."""
+    found = _NO_STRATEGY.search(f.message)
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if not found or dtensor is None:
+        return None
+    name, overload = found.groups()
+    gpu_kernel = getattr(getattr(torch.ops.aten, name, None), overload, None)
+    try:
+        strategies = dtensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    except AttributeError:  # another torch's layout: say nothing rather than guess
+        return None
+    if gpu_kernel is None or gpu_kernel not in strategies:
+        return None
+    return (f"DTensor (tensor parallelism) has no sharding strategy for aten.{name}_for_cpu, "
+            f"the CPU's kernel of this operation, and one for aten.{name}, the GPU's: this "
+            "tensor-parallel model runs on GPUs, not on CPU ranks (`--device cpu`, "
+            "`%singlecard cpu`). Run it on GPUs, or on the CPU without its parallelize_module "
+            "plan")
