@@ -3,6 +3,7 @@ what was measured (issue 41)."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -10,8 +11,8 @@ import torch
 from torch import nn
 
 import singlecard_nb as scn
-from singlecard_nb.inspection.causes import Tracks, assess
-from singlecard_nb.inspection.causes.series import Channels
+from singlecard_nb.inspection.causes import Tracks, assess, outputs
+from singlecard_nb.inspection.causes.series import Channels, Track
 
 
 def _wide_tracks(features: int) -> Tracks:
@@ -173,10 +174,10 @@ class _Blocks(nn.Module):
         self.head.reset_parameters()
 
 
-def _blocks_findings(garbage: float | None) -> list[str]:
+def _blocks_findings(garbage: float | None, dtype: torch.dtype = torch.float32) -> list[str]:
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = _Blocks()
+        model = _Blocks().to(dtype)
     model.to_empty(device="cpu")
     model.reset_parameters()
     for block in model.blocks:  # what to_empty() left them: here, the same on every machine
@@ -201,6 +202,22 @@ def test_weights_to_empty_left_uninitialised_are_the_first_pointer():
     assert "never initialised?" in found[0]
     # initialised, the same model says nothing
     assert _blocks_findings(garbage=None) == []
+
+
+def test_an_overflow_in_bfloat16_is_not_told_to_compute_in_float32():
+    # bfloat16's range is float32's: what overflows it had exploded before (FSDP2's example
+    # with --mixed-precision, its norms' weights never initialised); float16's 65504 is the
+    # overflow that computing in float32 avoids
+    def overflowed(dtype: str) -> str:
+        norm, proj = Track("norm", "LayerNorm", 0), Track("proj", "Linear", 1)
+        norm.add(0, (4, 16), dtype, 0.0, 3e33, 1e34 if dtype == "bfloat16" else 6e4, 0, 0, 0.0)
+        proj.add(0, (4, 16), dtype, math.nan, math.nan, math.inf, 0, 64, 0.0)
+        (row,) = [r for r in outputs.assess({"norm": norm, "proj": proj}) if r.path == "proj"]
+        return row.why
+
+    assert "values that had exploded before it" in overflowed("bfloat16")
+    assert "overflow" not in overflowed("bfloat16")
+    assert "float16 overflow, values beyond float16's largest 65504" in overflowed("float16")
 
 
 class _MinGPTStem(nn.Module):

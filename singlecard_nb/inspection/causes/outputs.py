@@ -203,7 +203,7 @@ def _overflow(t: Track, upstream: Track | None) -> str:
     now = t.entries[-1][STEP]
     born = f"; first {counted} at step {t.bad_step}{fed}" if t.bad_step != now else \
         f"; born here{fed}"
-    limit = LARGEST_HALF.get(t.dtype)
+    limit = LARGEST_HALF.get(t.dtype)  # float16's (bfloat16's overflow is said as float32's)
     if limit is not None:
         before = [e[ABSMAX] for e in t.entries if e[STEP] < t.bad_step]
         seen = f" (absmax {num(max(before))} before)" if before else ""
