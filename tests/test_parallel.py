@@ -8,6 +8,7 @@ import io
 import os
 import sys
 import threading
+import time
 import warnings
 from collections import namedtuple
 from datetime import timedelta
@@ -34,6 +35,7 @@ from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from singlecard_nb import session
+from singlecard_nb.job import free_port
 from singlecard_nb.parallel import single_card as parallel
 from singlecard_nb.parallel import wrappers
 
@@ -665,6 +667,32 @@ def test_spawn_gives_the_worker_exception_unchanged_and_undoes_its_environment()
     assert caught.value is error
     assert os.environ["MASTER_PORT"] == port and "SINGLECARD_TEST_CHILD" not in os.environ
     assert torch.get_num_threads() == threads
+
+
+def _rpc_worker(rank, world_size):
+    import torch.distributed.rpc as rpc
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    rpc.init_rpc("trainer" if rank else "ps", rank=rank, world_size=world_size)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
+def test_an_rpc_job_of_two_processes_stops_at_once_saying_why_instead_of_waiting():
+    # pytorch/examples' distributed/rpc/rnn: mp.spawn runs rank 0 here, whose init_rpc of a
+    # world of 2 waited more than 5 minutes for a parameter server nobody starts
+    import torch.distributed.rpc as rpc
+
+    torchs = rpc.init_rpc
+    parallel.enable(CPU)
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="runs rank 0 only"), \
+            pytest.raises(RuntimeError, match=r"rpc.init_rpc\('ps', rank=0, world_size=2\) would "
+                          r"wait for the job's other 1 process\(es\)") as caught:
+        mp.spawn(_rpc_worker, args=(2,), nprocs=2)
+    assert time.monotonic() - started < 10
+    assert "run the script without single-card mode" in str(caught.value)
+    parallel.disable()
+    assert rpc.init_rpc is torchs  # given back
 
 
 # --- the torchrun tutorial script in a shell --------------------------------------------------

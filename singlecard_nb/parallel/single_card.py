@@ -41,6 +41,7 @@ from . import (
     mesh,
     pinned_memory,
     remap,
+    rpc_worlds,
     spawn,
     world_size,
     wrappers,
@@ -134,6 +135,8 @@ def enable(device: torch.device | str, *, world: int = 1) -> None:
         fsdp.install(owner, device, groups, notices, conversions.record)
         mesh.install(owner, device, notices, conversions.record, world=world)
         spawn.install(owner, notices)
+        if world == 1:  # a real world of N (--ranks) is torch's own
+            rpc_worlds.install(owner)
         if world == 1 and (size := world_size.from_environ(os.environ)) is not None:
             world_size.say(notices, size, f"WORLD_SIZE={size} (the environment)",
                            stacklevel=world_size.outside_this_package())
