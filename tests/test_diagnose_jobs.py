@@ -189,10 +189,12 @@ def test_a_norm_fed_exploded_but_finite_values_is_told_they_exploded_before_it()
     hint = scn.explain(caught.value).hint
     assert hint.startswith("LayerNorm '1' received finite inputs of absmax"), hint
     assert "had already exploded before this module" in hint and "log or sqrt" not in hint
-    with scn.inspect(model) as insp:  # the ranking says the same
-        model(torch.randn(2, 4))
-    first = _first(insp)
-    assert first.path == "1" and "values that had exploded before it" in first.why, first.why
+    with scn.inspect(model) as insp:  # the ranking says the same of the norm, and leads with
+        model(torch.randn(2, 4))      # the Linear whose weights made the values
+    first, norm = insp.findings()[:2]
+    assert first.path == "0" and "the first module whose output left the healthy range" in \
+        first.why, first.why
+    assert norm.path == "1" and "values that had exploded before it" in norm.why, norm.why
 
 
 def _diverging(lr: float = 50.0):

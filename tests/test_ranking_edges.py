@@ -174,7 +174,8 @@ class _Blocks(nn.Module):
         self.head.reset_parameters()
 
 
-def _blocks_findings(garbage: float | None, dtype: torch.dtype = torch.float32) -> list[str]:
+def _blocks_findings(garbage: float | None, dtype: torch.dtype = torch.float32,
+                     trap: bool = False) -> list[str]:
     torch.manual_seed(0)
     with torch.device("meta"):
         model = _Blocks().to(dtype)
@@ -184,22 +185,29 @@ def _blocks_findings(garbage: float | None, dtype: torch.dtype = torch.float32) 
         for p in block.parameters():
             nn.init.normal_(p, std=0.2) if garbage is None else nn.init.constant_(p, garbage)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with scn.inspect(model) as insp:
-        for _ in range(5):
-            tokens = torch.randint(0, 64, (8, 12))
-            loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    with scn.inspect(model, trap=trap) as insp:
+        try:
+            for _ in range(5):
+                tokens = torch.randint(0, 64, (8, 12))
+                loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        except scn.NonFiniteError:
+            assert trap
     return [row.text() for row in insp.findings()]
 
 
 def test_weights_to_empty_left_uninitialised_are_the_first_pointer():
     found = _blocks_findings(garbage=3e33)
     assert found[0].startswith("blocks.0.0 (output")
-    assert re.search(r"the first module whose output had exploded: absmax [\d.]+e\+3\d at step 0",
-                     found[0])
+    assert re.search(r"the first module whose output left the healthy range: absmax "
+                     r"[\d.]+e\+3\d at step 0", found[0])
     assert "never initialised?" in found[0]
+    # stopped by the trap in the step's first forward, where the module is still finite
+    trapped = _blocks_findings(garbage=3e33, trap=True)[0]
+    assert trapped.startswith("blocks.0.0 (output): the first module whose output left the "
+                              "healthy range") and "went on to NaN/Inf" in trapped
     # initialised, the same model says nothing
     assert _blocks_findings(garbage=None) == []
 

@@ -51,7 +51,8 @@ __all__ = ["ABSMAX", "ATTRS", "DEAD", "DEAD_TIER", "FRAME_COLUMNS", "HISTORY", "
 
 def assess(tracks: Tracks) -> list[Row]:
     """A row per output series (quiet ones too), and per other series that shows something."""
-    rows = outputs.assess(tracks.by_path)
+    rows = outputs.assess(tracks.by_path, max((t.first[1] for t in tracks.inputs.values()
+                                               if t.first is not None), default=0.0))
     rows += inputs.assess(tracks.inputs, tracks.channels)
     rows += params.assess(tracks.params, tracks.updates)
     # Gradients as the optimiser stepped with them where a GradScaler scaled backward's (by

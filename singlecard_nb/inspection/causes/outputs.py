@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from ...dtype_limits import EXPLODED, LARGEST_HALF
 from .rows import (
+    CONFIG,
     DEAD_TIER,
     FORWARD,
     MOVING,
@@ -35,8 +36,9 @@ DEAD = 0.99  # fraction of exact zeros from which a module counts as dead
 SANE = 1e6
 
 
-def assess(tracks: dict[str, Track]) -> list[Row]:
-    """A row per module output, and above a dead module the one upstream that killed it."""
+def assess(tracks: dict[str, Track], inputs_largest: float = 0.0) -> list[Row]:
+    """A row per module output, and above a dead module the one upstream that killed it.
+    inputs_largest: the model inputs' largest absmax at their first step."""
     live = [t for t in tracks.values() if t.entries]
     peers = type_peers(live)
     in_order = sorted(live, key=lambda t: t.order)
@@ -44,9 +46,10 @@ def assess(tracks: dict[str, Track]) -> list[Row]:
     rows = [_assess(t, peers, upstream.get(t.path)) for t in live]
     rows += depth_growth(live)
     by_path = {r.path: r for r in rows}
-    began = _exploded_from_the_start(in_order)
+    began = _exploded_from_the_start(in_order, inputs_largest)
     if began is not None:
-        _began_here(by_path[began.path], began)
+        _began_here(by_path[began.path], began,
+                    [t for t in in_order if t.first and t.first[0] == began.first[0]])
     for row in rows:
         if row.tier == DEAD_TIER:
             cause = upstream.get(row.path)
@@ -218,39 +221,49 @@ def _overflow(t: Track, upstream: Track | None) -> str:
             "number, a division by 0, exp overflow)")
 
 
-def _exploded_from_the_start(in_order: list[Track]) -> Track | None:
-    """The first module of the first recorded step whose output had exploded (finite, past
-    EXPLODED for its dtype) while every module before it in that step stayed below SANE:
-    where the explosion began, already at the start. None when there is none, or when
-    something before it was already large or NaN/Inf (then that is where to look)."""
-    if not in_order:
+def _exploded_from_the_start(in_order: list[Track], inputs_largest: float) -> Track | None:
+    """Where the trouble of the first recorded step began: when some module's output of that
+    step had exploded (past EXPLODED for its dtype) or turned NaN/Inf, the first module of the
+    step whose output left SANE while every module before it, and the model's inputs, stayed
+    below it. None when nothing went wrong at the first step, or when NaN/Inf or large inputs
+    came first (then the NaN/Inf rules, or the inputs' scale, say where to look)."""
+    if not in_order or not inputs_largest < SANE:
         return None
     start = min(t.first[0] for t in in_order if t.first is not None)
-    for t in in_order:
-        if t.first is None or t.first[0] != start:
-            continue  # first called at a later step: no part of the first one
-        absmax = t.first[1]
-        if not absmax < SANE:  # NaN too
-            exploded = EXPLODED.get(t.dtype, math.inf) <= absmax < math.inf
-            return t if exploded else None
+    first_step = [t for t in in_order if t.first is not None and t.first[0] == start]
+    if not any(t.bad_step == start or EXPLODED.get(t.dtype, math.inf) <= t.first[1]
+               for t in first_step):
+        return None
+    for t in first_step:
+        if t.bad_step == start:  # NaN or Inf first
+            return None
+        if t.first[1] >= SANE:
+            return t
     return None
 
 
-def _began_here(row: Row, t: Track) -> None:
-    """The row of the module where the explosion began at the start (see above) says so and
-    ranks from that step."""
+def _began_here(row: Row, t: Track, step_tracks: list[Track]) -> None:
+    """The row of the module where the first step's trouble began (see above) says so and
+    ranks from that step, first of it."""
     step, absmax = t.first
-    words = (f"the first module whose output had exploded: absmax {num(absmax)} at step {step}"
-             f", the first recorded, while every module before it stayed below {num(SANE)}; "
-             "its weights held such values from the start (never initialised? a model made on "
-             "the meta device and moved with to_empty() keeps whatever memory it got until an "
-             "init reaches each of its modules), or an operation before it in the forward "
-             "made them")
+    if any(other.bad_step == step for other in step_tracks):
+        went_on = ", and the step's went on to NaN/Inf"
+    else:
+        largest = max(other.first[1] for other in step_tracks)
+        went_on = f", and the step's went on to {num(largest)}" if largest > absmax else ""
+    words = (f"the first module whose output left the healthy range: absmax {num(absmax)} at "
+             f"step {step}, the first recorded, while every module before it stayed below "
+             f"{num(SANE)}{went_on}; its weights held such values from the start (never "
+             "initialised? a model made on the meta device and moved with to_empty() keeps "
+             "whatever memory it got until an init reaches each of its modules), or an "
+             "operation before it in the forward made them")
     if row.tier <= WAS_NONFINITE:
         row.why += f"; {words}"
     else:
         row.tier, row.score, row.why = MOVING, math.log(absmax), words
-    row.since, row.phase = step, FORWARD
+    # the weights it held before the step began: first of its step, before the NaN/Inf it led
+    # to (in the forward phase)
+    row.since, row.phase = step, CONFIG
 
 
 def _all_below_zero(t: Track) -> bool:
