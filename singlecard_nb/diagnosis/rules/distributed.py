@@ -64,10 +64,14 @@ def cpu_kernel_not_sharded(f: Failure) -> str | None:
     name, overload = found.groups()
     gpu_kernel = getattr(getattr(torch.ops.aten, name, None), overload, None)
     try:
-        strategies = dtensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+        propagator = dtensor.DTensor._op_dispatcher.sharding_propagator
     except AttributeError:  # another torch's layout: say nothing rather than guess
         return None
-    if gpu_kernel is None or gpu_kernel not in strategies:
+    # its tables of strategies: op_strategy_funcs, and from torch 2.15 most operations in
+    # op_single_dim_strategy_funcs
+    tables = [getattr(propagator, name, {}) for name in ("op_strategy_funcs",
+                                                          "op_single_dim_strategy_funcs")]
+    if gpu_kernel is None or not any(gpu_kernel in table for table in tables):
         return None
     return (f"DTensor (tensor parallelism) has no sharding strategy for aten.{name}_for_cpu, "
             f"the CPU's kernel of this operation, and one for aten.{name}, the GPU's: this "
