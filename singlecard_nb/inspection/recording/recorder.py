@@ -404,7 +404,8 @@ class Recorder:
             return False
         n, grad = param.numel(), param.grad
         grad_here = (grad is not None and type(grad) is torch.Tensor and grad.is_cpu
-                     and grad.dtype is param.dtype and n <= DEDUPE_NUMEL and _one_block(grad))
+                     and grad.dtype is param.dtype and n <= DEDUPE_NUMEL
+                     and grad.numel() == n and _one_block(grad))  # read n values from it
         meta = (_shape(param.shape), _DTYPE_NAMES[param.dtype], "cpu", training)
         head = (target.path, target.type_name, call)
         with self._lock:
