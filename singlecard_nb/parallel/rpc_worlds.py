@@ -11,7 +11,6 @@ Ranks that share a device in a real world (`%singlecard cpu --ranks N`) call tor
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -34,7 +33,7 @@ def install(owner: Borrowed) -> None:
 
     def init_rpc(name: str, backend: Any = None, rank: int = -1, world_size: int | None = None,
                  rpc_backend_options: Any = None) -> Any:
-        size = world_size if world_size is not None else launched_world_size(os.environ)
+        size = world_size if world_size is not None else launched_world_size()
         if isinstance(size, int) and size > 1:
             raise RuntimeError(
                 f"singlecard_nb: rpc.init_rpc({name!r}, rank={rank}, world_size={size}) would "

@@ -69,8 +69,8 @@ def cpu_kernel_not_sharded(f: Failure) -> str | None:
         return None
     # its tables of strategies: op_strategy_funcs, and from torch 2.15 most operations in
     # op_single_dim_strategy_funcs
-    tables = [getattr(propagator, name, {}) for name in ("op_strategy_funcs",
-                                                          "op_single_dim_strategy_funcs")]
+    tables = [getattr(propagator, table, {}) for table in ("op_strategy_funcs",
+                                                            "op_single_dim_strategy_funcs")]
     if gpu_kernel is None or not any(gpu_kernel in table for table in tables):
         return None
     return (f"DTensor (tensor parallelism) has no sharding strategy for aten.{name}_for_cpu, "

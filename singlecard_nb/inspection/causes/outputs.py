@@ -46,10 +46,10 @@ def assess(tracks: dict[str, Track], inputs_largest: float = 0.0) -> list[Row]:
     rows = [_assess(t, peers, upstream.get(t.path)) for t in live]
     rows += depth_growth(live)
     by_path = {r.path: r for r in rows}
-    began = _exploded_from_the_start(in_order, inputs_largest)
+    first_step = _first_step(in_order)
+    began = _exploded_from_the_start(first_step, inputs_largest)
     if began is not None:
-        _began_here(by_path[began.path], began,
-                    [t for t in in_order if t.first and t.first[0] == began.first[0]])
+        _began_here(by_path[began.path], began, first_step)
     for row in rows:
         if row.tier == DEAD_TIER:
             cause = upstream.get(row.path)
@@ -221,16 +221,22 @@ def _overflow(t: Track, upstream: Track | None) -> str:
             "number, a division by 0, exp overflow)")
 
 
-def _exploded_from_the_start(in_order: list[Track], inputs_largest: float) -> Track | None:
+def _first_step(in_order: list[Track]) -> list[Track]:
+    """The modules of the first recorded step, in the order they reported."""
+    seen = [t for t in in_order if t.first is not None]
+    start = min((t.first[0] for t in seen), default=None)
+    return [t for t in seen if t.first[0] == start]
+
+
+def _exploded_from_the_start(first_step: list[Track], inputs_largest: float) -> Track | None:
     """Where the trouble of the first recorded step began: when some module's output of that
-    step had exploded (past EXPLODED for its dtype) or turned NaN/Inf, the first module of the
-    step whose output left SANE while every module before it, and the model's inputs, stayed
-    below it. None when nothing went wrong at the first step, or when NaN/Inf or large inputs
-    came first (then the NaN/Inf rules, or the inputs' scale, say where to look)."""
-    if not in_order or not inputs_largest < SANE:
+    step (`first_step`) had exploded (past EXPLODED for its dtype) or turned NaN/Inf, the first
+    module of the step whose output left SANE while every module before it, and the model's
+    inputs, stayed below it. None when nothing went wrong at the first step, or when NaN/Inf or
+    large inputs came first (then the NaN/Inf rules, or the inputs' scale, say where to look)."""
+    if not first_step or not inputs_largest < SANE:
         return None
-    start = min(t.first[0] for t in in_order if t.first is not None)
-    first_step = [t for t in in_order if t.first is not None and t.first[0] == start]
+    start = first_step[0].first[0]
     if not any(t.bad_step == start or EXPLODED.get(t.dtype, math.inf) <= t.first[1]
                for t in first_step):
         return None

@@ -6,8 +6,8 @@ beside it (`build`). Imports nothing else of inspection.
 The room's face: other rooms import these names from here, never its files.
 """
 
-from .readable import plain, reducible
+from .readable import contiguous_in_place, plain, reducible
 from .reductions import VALUES
 from .stats import StepStats, finish_rows
 
-__all__ = ["VALUES", "StepStats", "finish_rows", "plain", "reducible"]
+__all__ = ["VALUES", "StepStats", "contiguous_in_place", "finish_rows", "plain", "reducible"]

@@ -95,6 +95,15 @@ def one_block(t: torch.Tensor) -> bool:
     return True
 
 
+def contiguous_in_place(t: torch.Tensor) -> bool:
+    """Whether `t`'s values lie contiguous from `data_ptr()`, where a kernel may read (or copy)
+    them as they are, a Parameter's too: strided, not nested, not lazily negated, with memory
+    (a ZeroTensor's data_ptr() is 0). The recorder's path per module call makes the same
+    checks inline (recorder._record_dense), where a call more costs."""
+    return (t.layout is torch.strided and not t.is_nested and t.is_contiguous()
+            and not t.is_neg() and t.data_ptr() != 0)
+
+
 def is_zerotensor(t: torch.Tensor) -> bool:
     """torch's ZeroTensor (an efficient all-zero gradient) has no storage: data_ptr() is 0."""
     is_zero = getattr(t, "_is_zerotensor", None)

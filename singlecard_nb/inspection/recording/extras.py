@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
+from ..kernel import contiguous_in_place
+
 MIN_SAMPLES = 16  # values per channel for its statistics to mean something
 MAX_CHANNELS = 4096  # wider inputs (a sequence's embedding dimension) are not split
 SNAPSHOT_BYTES = 256 << 20  # parameters copied before an optimiser step, per step, at most
-_FLOAT32, _PARAMETER, _STRIDED = torch.float32, torch.nn.Parameter, torch.strided
+_FLOAT32, _PARAMETER = torch.float32, torch.nn.Parameter
 
 
 def channel_stats(t: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
@@ -177,7 +179,7 @@ class Snapshots:
                 continue
             used += size
             if (p.dtype is _FLOAT32 and type(p) is _PARAMETER and p.is_cpu
-                    and p.layout is _STRIDED and p.is_contiguous() and not p.is_neg()):
+                    and contiguous_in_place(p)):
                 sizes[id(p)] = size
                 in_buffer.append(p)
             else:

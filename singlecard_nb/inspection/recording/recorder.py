@@ -23,7 +23,7 @@ from ...dtypes import NAMES as _DTYPE_NAMES
 from ...dtypes import dtype_name
 from ...errors import TRAP_FRAME, NonFiniteError, without_our_frames
 from ..diagnostics import Diagnostics
-from ..kernel import plain, reducible
+from ..kernel import contiguous_in_place, plain, reducible
 from ..memory import MemoryLedger, peak_bytes
 from ..targets import Target
 from .extras import channel_stats
@@ -70,13 +70,6 @@ def _shape(size: torch.Size) -> tuple:
         shape = tuple(size)
         _SHAPES[shape] = shape
     return shape
-
-
-def _one_block(t: torch.Tensor) -> bool:
-    """Whether the kernel can read `t` where it lies: plain values in one block of memory
-    (data_ptr() 0: no memory to read, a ZeroTensor)."""
-    return (t.layout is _STRIDED and not t.is_nested and t.is_contiguous() and not t.is_neg()
-            and t.data_ptr() != 0)
 
 
 def _device_name(device: torch.device) -> str:
@@ -400,12 +393,13 @@ class Recorder:
         kernel, difference = self._kernels.get(param.dtype), self._differences.get(param.dtype)
         if (kernel is None or difference is None or not self._dense_path
                 or type(param) is not _PARAMETER or not param.is_cpu or target.hist
-                or not _one_block(param) or (before is not None and type(before) is not int)):
+                or not contiguous_in_place(param)
+                or (before is not None and type(before) is not int)):
             return False
         n, grad = param.numel(), param.grad
         grad_here = (grad is not None and type(grad) is torch.Tensor and grad.is_cpu
                      and grad.dtype is param.dtype and n <= DEDUPE_NUMEL
-                     and grad.numel() == n and _one_block(grad))  # read n values from it
+                     and grad.numel() == n and contiguous_in_place(grad))  # n values read
         meta = (_shape(param.shape), _DTYPE_NAMES[param.dtype], "cpu", training)
         head = (target.path, target.type_name, call)
         with self._lock:
